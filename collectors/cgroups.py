@@ -1,0 +1,394 @@
+"""Per-cgroup CPU, throttling, memory and PSI, for cgroup v1, v2 and hybrid hosts.
+
+The hierarchy is walked only every `rediscover` seconds; each tick reads a precomputed list of
+files per cgroup, because this runs every second on every node and 100 pods mean hundreds of
+reads. A cgroup that disappears between discovery and read (a container exited) is skipped and
+counted, never an error.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sloguard.collectors.cgroup_layout import CgroupLayout, detect_layout, layout_from_root
+from sloguard.collectors.kube_pods import PodMeta, pod_class
+from sloguard.collectors.pod_cgroups import parse_pod_cgroup
+
+from sloguard.config import CgroupCollectorConfig
+from sloguard.health import ComponentStatus
+from sloguard.samples import Sample
+
+log = logging.getLogger(__name__)
+
+_UNLIMITED_V1 = 1 << 62  # v1 reports "no limit" as a huge page-aligned number
+PSI_RESOURCES = ("cpu", "memory", "io")
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb", buffering=0) as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _kv(data: bytes) -> dict[bytes, int]:
+    """Parse flat keyed files (cpu.stat, memory.stat): `key value` per line."""
+    out = {}
+    for line in data.split(b"\n"):
+        key, _, value = line.partition(b" ")
+        if value:
+            try:
+                out[key] = int(value)
+            except ValueError:
+                continue
+    return out
+
+
+def parse_psi(data: bytes) -> dict[str, float]:
+    """PSI lines (`some avg10=0.00 avg60=0.00 avg300=0.00 total=0`) -> {some_avg10: ..}."""
+    out: dict[str, float] = {}
+    for line in data.decode().splitlines():
+        kind, *pairs = line.split()
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            if key in ("avg10", "avg60", "total"):
+                out[f"{kind}_{key}"] = int(value) if key == "total" else float(value)
+    return out
+
+
+@dataclass(slots=True)
+class _Tracked:
+    """One cgroup being collected: its tags, the files to read, and the previous counters."""
+
+    path: str
+    tags: dict[str, str]
+    cpu_usage: str | None  # file; unit given by cpu_usage_v2
+    cpu_usage_v2: bool
+    cpu_stat: str | None
+    mem_usage: str | None
+    mem_stat: str | None
+    mem_v2: bool
+    psi: dict[str, str] = field(default_factory=dict)
+    limit_cores: float | None = None
+    limit_bytes: int | None = None
+    prev: dict[str, float] = field(default_factory=dict)
+    prev_mono: int = 0
+
+
+class CgroupCollector:
+    name = "cgroups"
+
+    def __init__(
+        self,
+        node: str,
+        config: CgroupCollectorConfig,
+        pod_lookup: Callable[[str], PodMeta | None] | None = None,
+        mountinfo: str = "/proc/self/mountinfo",
+    ) -> None:
+        self.node = node
+        self.config = config
+        self.pod_lookup = pod_lookup or (lambda uid: None)
+        self._mountinfo = mountinfo
+        self.layout: CgroupLayout | None = None
+        self._error = ""
+        self._tracked: dict[str, _Tracked] = {}
+        self._next_discovery = 0.0
+        self.vanished_total = 0
+        self.discoveries = 0
+        self._detect()
+
+    def _detect(self) -> None:
+        try:
+            self.layout = (
+                layout_from_root(self.config.root) if self.config.root
+                else detect_layout(self._mountinfo)
+            )
+            self.layout.primary  # noqa: B018 - raises when no usable hierarchy exists
+            self._error = ""
+        except (OSError, LookupError) as exc:
+            self.layout = None
+            self._error = f"no usable cgroup hierarchy: {exc}"
+
+    # -- discovery -----------------------------------------------------------------------
+
+    def discover(self) -> None:
+        """Walk the configured subtrees and declared globs; keep counters of known cgroups."""
+        if self.layout is None:
+            self._detect()
+            if self.layout is None:
+                return
+        root = self.layout.primary
+        found: dict[str, Path] = {}
+        for include in self.config.include:
+            base = root / include.strip("/")
+            if base.is_dir():
+                self._walk(root, base, 0, found)
+        for decl in self.config.declare:
+            pattern = decl.path.strip("/")
+            for match in root.glob(pattern):
+                if match.is_dir():
+                    found.setdefault(str(match.relative_to(root)), match)
+        tracked = {}
+        for rel in sorted(found):
+            old = self._tracked.get(rel)
+            item = self._track(rel)
+            if old is not None:
+                item.prev, item.prev_mono = old.prev, old.prev_mono
+            tracked[rel] = item
+        self._tracked = tracked
+        self.discoveries += 1
+
+    def _walk(self, root: Path, directory: Path, depth: int, found: dict[str, Path]) -> None:
+        found[str(directory.relative_to(root))] = directory
+        if depth >= self.config.max_depth:
+            return
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            return
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                self._walk(root, Path(entry.path), depth + 1, found)
+
+    def _track(self, rel: str) -> _Tracked:
+        layout = self.layout
+        assert layout is not None
+        tags = self._tags(rel)
+        unified = layout.unified / rel if layout.unified else None
+        if layout.mode == "v2":
+            assert unified is not None
+            d = str(unified)
+            item = _Tracked(
+                rel, tags, f"{d}/cpu.stat", True, f"{d}/cpu.stat",
+                f"{d}/memory.current", f"{d}/memory.stat", True,
+            )
+            item.limit_cores = _v2_cpu_limit(_read(f"{d}/cpu.max"))
+            item.limit_bytes = _limit_bytes(_read(f"{d}/memory.max"))
+        else:
+            # A cgroup may exist in some v1 hierarchies only: read just those.
+            cpuacct, cpu, memory = (
+                layout.v1[c] if c in layout.v1 and (layout.v1[c] / rel).is_dir() else None
+                for c in ("cpuacct", "cpu", "memory")
+            )
+            item = _Tracked(
+                rel, tags,
+                f"{cpuacct / rel}/cpuacct.usage" if cpuacct else None, False,
+                f"{cpu / rel}/cpu.stat" if cpu else None,
+                f"{memory / rel}/memory.usage_in_bytes" if memory else None,
+                f"{memory / rel}/memory.stat" if memory else None, False,
+            )
+            if cpu:
+                item.limit_cores = _v1_cpu_limit(
+                    _read(f"{cpu / rel}/cpu.cfs_quota_us"), _read(f"{cpu / rel}/cpu.cfs_period_us")
+                )
+            if memory:
+                item.limit_bytes = _limit_bytes(_read(f"{memory / rel}/memory.limit_in_bytes"))
+        if unified is not None:
+            for resource in PSI_RESOURCES:
+                path = unified / f"{resource}.pressure"
+                if path.exists():
+                    item.psi[resource] = str(path)
+        return item
+
+    def _tags(self, rel: str) -> dict[str, str]:
+        tags = {"node": self.node, "cgroup": "/" + rel}
+        pod = parse_pod_cgroup(rel)
+        if pod is not None:
+            tags["level"] = pod.level
+            if pod.qos:
+                tags["qos"] = pod.qos
+            if pod.pod_uid:
+                tags["pod_uid"] = pod.pod_uid
+                meta = self.pod_lookup(pod.pod_uid)
+                if meta is not None:
+                    tags["pod"], tags["namespace"] = meta.name, meta.namespace
+                    if pod.container_id in meta.containers:
+                        tags["container"] = meta.containers[pod.container_id]
+                tags["class"] = pod_class(meta, pod.qos, self.config.class_label)
+            elif pod.level == "qos":
+                tags["class"] = "BE" if pod.qos == "besteffort" else "LS"
+            if pod.container_id:
+                tags["container_id"] = pod.container_id
+        else:
+            tags["level"] = "cgroup"
+        for decl in self.config.declare:
+            if fnmatch.fnmatchcase(rel, decl.path.strip("/")):
+                tags["class"] = decl.class_
+                if decl.name:
+                    tags["workload"] = decl.name
+                break
+        return tags
+
+    # -- collection ----------------------------------------------------------------------
+
+    def collect(self, now_ns: int) -> list[Sample]:
+        mono = time.monotonic()
+        if mono >= self._next_discovery:
+            self.discover()
+            self._next_discovery = mono + self.config.rediscover
+        samples: list[Sample] = []
+        gone = []
+        for rel, item in self._tracked.items():
+            if not self._collect_one(item, now_ns, samples):
+                gone.append(rel)
+        for rel in gone:
+            del self._tracked[rel]
+        self.vanished_total += len(gone)
+        return samples
+
+    def _collect_one(self, item: _Tracked, now_ns: int, out: list[Sample]) -> bool:
+        """Append the cgroup's samples; False when it vanished."""
+        mono = time.monotonic_ns()
+        current: dict[str, float] = {}
+        cpu_fields: dict[str, float] = {}
+        stat = _read(item.cpu_stat) if item.cpu_stat else None
+        stat_kv = _kv(stat) if stat else {}
+        if item.cpu_usage_v2:
+            if stat is None:
+                return False
+            if b"usage_usec" in stat_kv:
+                current["usage_ns"] = stat_kv[b"usage_usec"] * 1000
+            current["throttled_ns"] = stat_kv.get(b"throttled_usec", 0) * 1000
+        else:
+            usage = _read(item.cpu_usage) if item.cpu_usage else None
+            if item.cpu_usage and usage is None:
+                return False
+            if usage:
+                current["usage_ns"] = int(usage)
+            current["throttled_ns"] = stat_kv.get(b"throttled_time", 0)
+        if b"nr_periods" in stat_kv:
+            current["periods"] = stat_kv[b"nr_periods"]
+            current["throttled"] = stat_kv.get(b"nr_throttled", 0)
+        psi = {}
+        for resource, path in item.psi.items():
+            data = _read(path)
+            if data:
+                psi[resource] = parse_psi(data)
+                for kind in ("some", "full"):
+                    total = psi[resource].get(f"{kind}_total")
+                    if total is not None:
+                        current[f"psi_{resource}_{kind}"] = total
+
+        prev, elapsed = item.prev, (mono - item.prev_mono) / 1e9
+        if "usage_ns" in current:
+            cpu_fields["usage_seconds_total"] = current["usage_ns"] / 1e9
+        if prev and elapsed > 0:
+            def delta(key: str) -> float | None:
+                if key in current and key in prev and current[key] >= prev[key]:
+                    return current[key] - prev[key]
+                return None
+
+            used = delta("usage_ns")
+            if used is not None:
+                cpu_fields["usage_cores"] = used / 1e9 / elapsed
+            periods, throttled = delta("periods"), delta("throttled")
+            if periods is not None and throttled is not None:
+                cpu_fields["periods"] = periods
+                cpu_fields["throttled_periods"] = throttled
+                cpu_fields["throttled_ratio"] = throttled / periods if periods else 0.0
+            throttled_ns = delta("throttled_ns")
+            if throttled_ns is not None and "periods" in current:
+                cpu_fields["throttled_seconds"] = throttled_ns / 1e9
+            for resource, values in psi.items():
+                for kind in ("some", "full"):
+                    stalled = delta(f"psi_{resource}_{kind}")
+                    if stalled is not None:
+                        values[f"{kind}_rate"] = stalled / 1e6 / elapsed * 100
+        if item.limit_cores is not None:
+            cpu_fields["limit_cores"] = item.limit_cores
+        item.prev, item.prev_mono = current, mono
+        if cpu_fields:
+            out.append(Sample("container_cpu", item.tags, cpu_fields, now_ns))
+
+        mem_fields = self._memory(item)
+        if mem_fields is None and item.mem_usage is not None:
+            return False
+        if mem_fields:
+            out.append(Sample("container_memory", item.tags, mem_fields, now_ns))
+        for resource, values in psi.items():
+            out.append(Sample("container_pressure", {**item.tags, "resource": resource},
+                              values, now_ns))
+        return True
+
+    def _memory(self, item: _Tracked) -> dict[str, float] | None:
+        if item.mem_usage is None:
+            return {}
+        usage = _read(item.mem_usage)
+        if usage is None:
+            return None
+        fields: dict[str, float] = {"usage_bytes": int(usage)}
+        stat = _read(item.mem_stat) if item.mem_stat else None
+        if stat:
+            kv = _kv(stat)
+            inactive = kv.get(b"inactive_file" if item.mem_v2 else b"total_inactive_file", 0)
+            fields["working_set_bytes"] = max(0, fields["usage_bytes"] - inactive)
+            rss_key = b"anon" if item.mem_v2 else b"total_rss"
+            if rss_key in kv:
+                fields["rss_bytes"] = kv[rss_key]
+            cache_key = b"file" if item.mem_v2 else b"total_cache"
+            if cache_key in kv:
+                fields["cache_bytes"] = kv[cache_key]
+        if item.limit_bytes is not None:
+            fields["limit_bytes"] = item.limit_bytes
+        return fields
+
+    # -- inventory and health ------------------------------------------------------------
+
+    def workloads(self, cls: str | None = None) -> list[dict[str, str]]:
+        """Pod-level (or declared) cgroups known now, optionally of one class (LS or BE)."""
+        out = []
+        for item in self._tracked.values():
+            tags = item.tags
+            if tags.get("level") in ("pod", "cgroup") and "class" in tags and (
+                cls is None or tags["class"] == cls
+            ):
+                out.append({k: v for k, v in tags.items() if k != "node"})
+        return out
+
+    def status(self) -> ComponentStatus:
+        details: dict[str, object] = {
+            "cgroups": len(self._tracked),
+            "vanished_total": self.vanished_total,
+        }
+        if self.layout is not None:
+            details["mode"] = self.layout.mode
+            details["root"] = str(self.layout.primary)
+        return ComponentStatus("collector:cgroups", ok=not self._error, reason=self._error,
+                               details=details)
+
+
+def _v1_cpu_limit(quota: bytes | None, period: bytes | None) -> float | None:
+    try:
+        q, p = int(quota or b"-1"), int(period or b"0")
+    except ValueError:
+        return None
+    return q / p if q > 0 and p > 0 else None
+
+
+def _v2_cpu_limit(data: bytes | None) -> float | None:
+    if not data:
+        return None
+    quota, _, period = data.decode().strip().partition(" ")
+    if quota == "max" or not period:
+        return None
+    try:
+        return int(quota) / int(period)
+    except ValueError:
+        return None
+
+
+def _limit_bytes(data: bytes | None) -> int | None:
+    if not data or data.strip() == b"max":
+        return None
+    try:
+        value = int(data)
+    except ValueError:
+        return None
+    return None if value >= _UNLIMITED_V1 else value

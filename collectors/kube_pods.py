@@ -1,0 +1,115 @@
+"""Pod names, namespaces, labels and container names from the Kubernetes API.
+
+Cgroup paths carry only pod UIDs and container IDs; SREs think in pod names. The cache lists the
+pods bound to this node in a background thread, so a slow or unreachable API server never stalls
+collection: samples then carry what the cgroup path alone tells.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from sloguard.health import ComponentStatus
+
+log = logging.getLogger(__name__)
+
+# Koordinator's QoS classes (koordinator.sh/qosClass). Anything not BE is protected as LS.
+BE_CLASSES = frozenset({"BE"})
+
+
+@dataclass(frozen=True, slots=True)
+class PodMeta:
+    name: str
+    namespace: str
+    uid: str
+    labels: dict[str, str] = field(default_factory=dict)
+    qos_class: str = ""  # the pod's status.qosClass: Guaranteed | Burstable | BestEffort
+    containers: dict[str, str] = field(default_factory=dict)  # container id -> name
+
+
+def pod_class(meta: PodMeta | None, qos_from_path: str, class_label: str) -> str:
+    """LS or BE: the co-location label first, else the Kubernetes QoS tier (BestEffort is BE)."""
+    if meta is not None:
+        label = meta.labels.get(class_label)
+        if label:
+            return "BE" if label.upper() in BE_CLASSES else "LS"
+        if meta.qos_class:
+            return "BE" if meta.qos_class == "BestEffort" else "LS"
+    return "BE" if qos_from_path == "besteffort" else "LS"
+
+
+def _meta_from_pod(pod: Any) -> PodMeta:
+    containers = {}
+    status = pod.status
+    for cs in [*(status.container_statuses or []), *(status.init_container_statuses or [])]:
+        if cs.container_id:
+            containers[cs.container_id.split("://", 1)[-1]] = cs.name
+    return PodMeta(
+        name=pod.metadata.name,
+        namespace=pod.metadata.namespace,
+        uid=pod.metadata.uid,
+        labels=dict(pod.metadata.labels or {}),
+        qos_class=status.qos_class or "",
+        containers=containers,
+    )
+
+
+class PodMetadataCache:
+    """Pods bound to `node_name`, refreshed every `refresh_s` by a daemon thread."""
+
+    def __init__(self, api_client: Any, node_name: str, refresh_s: float = 30.0) -> None:
+        from kubernetes import client  # heavy import: only when Kubernetes is configured
+
+        self._core = client.CoreV1Api(api_client)
+        self.node_name = node_name
+        self.refresh_s = refresh_s
+        self._pods: dict[str, PodMeta] = {}
+        self._error = "not listed yet"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def refresh(self) -> None:
+        try:
+            pods = self._core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={self.node_name}", _request_timeout=10
+            )
+        except Exception as exc:  # the API being away must never stop collection
+            self._error = f"listing pods failed: {exc.__class__.__name__}: {exc}"[:300]
+            log.warning("kubernetes: %s", self._error)
+            return
+        self._pods = {p.metadata.uid: _meta_from_pod(p) for p in pods.items}
+        self._error = ""
+
+    def start(self) -> None:
+        self.refresh()
+        self._thread = threading.Thread(target=self._loop, name="pod-metadata", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            self.refresh()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def get(self, uid: str) -> PodMeta | None:
+        return self._pods.get(uid)
+
+    def status(self) -> ComponentStatus:
+        return ComponentStatus(
+            "kubernetes", ok=not self._error, reason=self._error,
+            details={"node": self.node_name, "pods": len(self._pods)},
+        )
+
+
+def load_api_client(kubeconfig: str | None) -> Any:
+    """An ApiClient from a kubeconfig file, or the in-cluster service account when None."""
+    from kubernetes import client, config
+
+    if kubeconfig:
+        return config.new_client_from_config(config_file=kubeconfig)
+    config.load_incluster_config()
+    return client.ApiClient()

@@ -1,0 +1,215 @@
+"""Rule files: groups of alerting rules in the shape of Prometheus alerting rules.
+
+    groups:
+      - name: ls-protection
+        rules:
+          - alert: LSCpuStall
+            expr: container_pressure{class="LS", resource="cpu"}
+            field: some_rate
+            aggregate: mean
+            window: 10s
+            detector: threshold
+            params: {above: 20, recover_below: 10}
+            for: 5s
+            recover_for: 10s
+            severity: warning
+            labels: {team: sre}
+            annotations:
+              summary: "{{ $labels.cgroup }} stalled on CPU {{ $value }}% of the time"
+
+Loading is per file and all-or-nothing: a file with any error keeps its previously loaded rules
+active and the error (file, line, field) is reported, so a typo pushed to a ConfigMap never
+disarms the guardrail.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sloguard.config import Duration, yaml_line_map
+from sloguard.selectors import Selector, parse_selector
+from sloguard.store import check_aggregation
+
+log = logging.getLogger(__name__)
+
+AGGREGATES_EXTRA = ("rate",)
+
+
+class RuleSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    alert: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    expr: str = Field(description="series selector: measurement{tag=\"value\", ...}")
+    field: str
+    aggregate: str = "mean"
+    window: Duration = 10.0
+    detector: str = "threshold"
+    params: dict[str, Any] = Field(default_factory=dict)
+    for_: Duration = Field(0.0, alias="for")
+    recover_for: Duration = 0.0
+    severity: Literal["info", "warning", "critical"] = "warning"
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("expr")
+    @classmethod
+    def _selector(cls, value: str) -> str:
+        parse_selector(value)
+        return value
+
+    @field_validator("aggregate")
+    @classmethod
+    def _aggregate(cls, value: str) -> str:
+        return value if value in AGGREGATES_EXTRA else check_aggregation(value)
+
+    @property
+    def selector(self) -> Selector:
+        return parse_selector(self.expr)
+
+
+class GroupSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    interval: Duration | None = None
+    rules: list[RuleSpec]
+
+
+class RuleFileSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    groups: list[GroupSpec]
+
+
+@dataclass(frozen=True)
+class LoadedRule:
+    group: str
+    spec: RuleSpec
+    source: str  # file:line
+    interval: float | None = None  # the group's evaluation interval; None: every tick
+
+    @property
+    def key(self) -> str:
+        return f"{self.group}/{self.spec.alert}"
+
+
+class RuleFileError(Exception):
+    pass
+
+
+def load_rule_file(path: Path, validate_params: Any = None) -> list[LoadedRule]:
+    """Parse one file; raise RuleFileError with `file:line: field: problem` lines."""
+    try:
+        text = path.read_text()
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        document = yaml.safe_load(text)
+    except OSError as exc:
+        raise RuleFileError(f"{path}: cannot read: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise RuleFileError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
+    lines = yaml_line_map(node)
+    if document is None:
+        return []
+    try:
+        spec = RuleFileSpec.model_validate(document)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            loc = tuple(str(p) for p in error["loc"])
+            line = next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), 1)
+            msg = error["msg"]
+            if error["type"] == "extra_forbidden":
+                msg = "unknown field"
+            problems.append(f"{path}:{line}: {'.'.join(loc)}: {msg}")
+        raise RuleFileError("\n".join(problems)) from exc
+    rules: list[LoadedRule] = []
+    seen: set[str] = set()
+    for gi, group in enumerate(spec.groups):
+        for ri, rule in enumerate(group.rules):
+            loc = ("groups", str(gi), "rules", str(ri))
+            source = f"{path}:{lines.get(loc, 1)}"
+            loaded = LoadedRule(group.name, rule, source, group.interval)
+            if loaded.key in seen:
+                raise RuleFileError(f"{source}: rule {loaded.key} is defined twice")
+            seen.add(loaded.key)
+            if validate_params is not None:
+                try:
+                    validate_params(rule)
+                except ValueError as exc:
+                    raise RuleFileError(f"{source}: {'.'.join(loc)}.params: {exc}") from exc
+            rules.append(loaded)
+    return rules
+
+
+@dataclass
+class RuleSet:
+    """The active rules, reloaded per file; a broken file keeps its last good rules."""
+
+    paths: list[str]
+    validate_params: Any = None
+    by_file: dict[str, list[LoadedRule]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    _mtimes: dict[str, float] = field(default_factory=dict)
+
+    def files(self) -> list[Path]:
+        out: list[Path] = []
+        for entry in self.paths:
+            path = Path(entry)
+            if path.is_dir():
+                out.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml")))
+            else:
+                out.append(path)
+        return out
+
+    def reload(self) -> bool:
+        """Load changed files; return True when the active rules changed."""
+        changed = False
+        current = {str(p): p for p in self.files()}
+        for name in list(self.by_file):
+            if name not in current:
+                del self.by_file[name]
+                self._mtimes.pop(name, None)
+                self.errors.pop(name, None)
+                changed = True
+        for name, path in current.items():
+            try:
+                mtime = path.stat().st_mtime
+            except OSError as exc:
+                self.errors[name] = f"{name}: cannot read: {exc.strerror}"
+                continue
+            if self._mtimes.get(name) == mtime:
+                continue
+            self._mtimes[name] = mtime
+            try:
+                rules = load_rule_file(path, self.validate_params)
+            except RuleFileError as exc:
+                self.errors[name] = str(exc)
+                kept = len(self.by_file.get(name, []))
+                log.error("rule file rejected, keeping its %d previous rules:\n%s", kept, exc)
+                continue
+            self.errors.pop(name, None)
+            self.by_file[name] = rules
+            changed = True
+            log.info("loaded %d rules from %s", len(rules), name)
+        return changed
+
+    @property
+    def rules(self) -> list[LoadedRule]:
+        out: list[LoadedRule] = []
+        seen: set[str] = set()
+        for name in sorted(self.by_file):
+            for rule in self.by_file[name]:
+                if rule.key in seen:
+                    self.errors[name] = f"{rule.source}: rule {rule.key} is already defined"
+                    continue
+                seen.add(rule.key)
+                out.append(rule)
+        return out

@@ -1,0 +1,265 @@
+"""The node agent: collect -> store -> detect -> act, once per tick, plus its health.
+
+This module only composes the parts; each part lives in its own package. The loop runs in one
+thread so that collection, the write and the evaluation of a tick see the same instant; the web
+UI/API serves from uvicorn's threads and reads through the stores' own connections.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from sloguard.actuators.dryrun import DryRunActuator
+from sloguard.collectors.cgroups import CgroupCollector
+from sloguard.config import Settings
+from sloguard.detector.engine import Engine
+from sloguard.detector.rules import RuleSet
+from sloguard.detector.threshold import make_detector
+from sloguard.health import ComponentStatus
+from sloguard.samples import Sample
+from sloguard.selfmetrics import AgentMetrics
+from sloguard.store import StoreError
+from sloguard.store.embedded import open_store
+from sloguard.store.incidents_db import IncidentStore
+
+log = logging.getLogger(__name__)
+
+RULE_RELOAD_S = 10.0
+MAINTAIN_S = 60.0
+
+
+class Agent:
+    def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
+        self.settings = settings
+        self.node = settings.node_name
+        self.registry = registry or CollectorRegistry()
+        self.metrics = AgentMetrics(self.registry)
+        data_dir = settings.data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = open_store(data_dir, settings.store.retention, settings.store.max_size)
+        self.incidents = IncidentStore(data_dir / "incidents.db")
+        self.pods: Any = None
+        self._kube_error = ""
+        if settings.kubernetes.enabled:
+            self._start_kubernetes()
+        self.collectors: list[Any] = []
+        self.cgroups: CgroupCollector | None = None
+        cfg = settings.collectors
+        if cfg.node.enabled:
+            from sloguard.collectors.node import NodeCollector
+
+            self.collectors.append(NodeCollector(self.node, proc_root=cfg.node.proc_root))
+        if cfg.cgroups.enabled:
+            lookup = self.pods.get if self.pods is not None else None
+            self.cgroups = CgroupCollector(self.node, cfg.cgroups, pod_lookup=lookup)
+            self.collectors.append(self.cgroups)
+        self._collector_errors: dict[str, str] = {}
+        self.rules = RuleSet(
+            list(settings.rules.paths),
+            validate_params=lambda spec: make_detector(spec.detector, spec.params),
+        )
+        self.engine = Engine(
+            store=self.store,
+            incidents=self.incidents,
+            rules=self.rules,
+            node=self.node,
+            actuator=DryRunActuator(self.node),
+            inventory=self.cgroups.workloads if self.cgroups else (lambda: []),
+            on_evaluation=lambda rule, result: self.metrics.rule_evaluations.labels(
+                rule, result).inc(),
+        )
+        self._buffer: deque[Sample] = deque()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_tick_mono = 0.0
+        self.ticks = 0
+        self._store_error = ""
+        self._next_reload = 0.0
+        self._next_maintain = time.monotonic() + MAINTAIN_S
+        self.metrics.gauge_callback(
+            "sloguard_incidents", "Incidents by state", "state", self.incidents.counts_by_state
+        )
+        self.metrics.gauge_callback(
+            "sloguard_rules_loaded", "Active rules", "", lambda: {"": len(self.rules.rules)}
+        )
+        self.metrics.gauge_callback(
+            "sloguard_rule_file_errors", "Rule files rejected on their last load", "",
+            lambda: {"": len(self.rules.errors)},
+        )
+        if self.cgroups is not None:
+            cg = self.cgroups
+            self.metrics.gauge_callback(
+                "sloguard_cgroups", "Cgroups tracked and vanished mid-read", "kind",
+                lambda: {"tracked": len(cg.workloads()), "vanished_total": cg.vanished_total},
+            )
+
+    def _start_kubernetes(self) -> None:
+        from sloguard.collectors.kube_pods import PodMetadataCache, load_api_client
+
+        k8s = self.settings.kubernetes
+        try:
+            client = load_api_client(k8s.kubeconfig)
+        except Exception as exc:  # no kubeconfig or service account: keep collecting without
+            self._kube_error = f"cannot configure the Kubernetes client: {exc}"
+            log.error("%s", self._kube_error)
+            return
+        self.pods = PodMetadataCache(client, self.node, k8s.refresh)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.rules.reload()
+        self._next_reload = time.monotonic() + RULE_RELOAD_S
+        restored = self.engine.restore()
+        if restored:
+            log.info("continuing %d open incidents from before the restart", restored)
+        if self.pods is not None:
+            self.pods.start()
+        self._thread = threading.Thread(target=self._loop, name="agent-loop", daemon=True)
+        self._thread.start()
+        log.info("agent started on node %s, tick %.3gs", self.node, self.settings.interval)
+
+    def stop(self) -> None:
+        """Stop the loop, write what is buffered, close the stores (SIGTERM path)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if self.pods is not None:
+            self.pods.stop()
+        self._flush()
+        if self._buffer:
+            log.error("exiting with %d samples unwritten: %s", len(self._buffer),
+                      self._store_error)
+        self.store.close()
+        self.incidents.close()
+        log.info("agent stopped")
+
+    def _loop(self) -> None:
+        interval = self.settings.interval
+        deadline = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # the loop must survive anything one tick does
+                log.exception("tick failed")
+            deadline += interval
+            now = time.monotonic()
+            if now > deadline:
+                self.metrics.tick_overruns.inc()
+                deadline = now
+            self._stop.wait(deadline - now)
+
+    # -- one tick ------------------------------------------------------------------------
+
+    def tick(self, now_ns: int | None = None) -> None:
+        started = time.perf_counter()
+        now_ns = now_ns or time.time_ns()
+        for collector in self.collectors:
+            t0 = time.perf_counter()
+            try:
+                samples = collector.collect(now_ns)
+            except Exception as exc:
+                self._collector_errors[collector.name] = f"{exc.__class__.__name__}: {exc}"
+                self.metrics.collector_errors.labels(collector.name).inc()
+                log.warning("collector %s failed: %s", collector.name, exc)
+                continue
+            self._collector_errors.pop(collector.name, None)
+            self.metrics.collection_duration.labels(collector.name).observe(
+                time.perf_counter() - t0)
+            self.metrics.samples_collected.labels(collector.name).inc(len(samples))
+            self._enqueue(samples)
+        self._flush()
+        mono = time.monotonic()
+        if mono >= self._next_reload:
+            self.rules.reload()
+            self._next_reload = mono + RULE_RELOAD_S
+        self.engine.evaluate(now_ns)
+        if mono >= self._next_maintain:
+            self._next_maintain = mono + MAINTAIN_S
+            try:
+                self.store.maintain(now_ns)
+            except StoreError as exc:
+                self.metrics.store_errors.labels(self.store.name, "maintain").inc()
+                log.warning("store retention failed: %s", exc)
+        self.ticks += 1
+        self.last_tick_mono = time.monotonic()
+        self.metrics.tick_duration.observe(time.perf_counter() - started)
+
+    def _enqueue(self, samples: list[Sample]) -> None:
+        limit = self.settings.store.buffer_samples
+        self._buffer.extend(samples)
+        overflow = len(self._buffer) - limit
+        if overflow > 0:
+            for _ in range(overflow):
+                self._buffer.popleft()
+            self.metrics.samples_dropped.inc(overflow)
+            log.error("store unavailable and buffer full: dropped the %d oldest samples",
+                      overflow)
+
+    def _flush(self) -> None:
+        """Write everything buffered; on failure keep it (bounded) for the next tick."""
+        if not self._buffer:
+            return
+        batch = list(self._buffer)
+        try:
+            self.store.write(batch)
+        except StoreError as exc:
+            self._store_error = str(exc)
+            self.metrics.store_errors.labels(self.store.name, "write").inc()
+            log.warning("store write failed, keeping %d samples for retry: %s", len(batch), exc)
+        else:
+            self._buffer.clear()
+            self._store_error = ""
+            self.metrics.samples_written.labels(self.store.name).inc(len(batch))
+        self.metrics.samples_buffered.set(len(self._buffer))
+
+    # -- health --------------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        """The loop has ticked recently (liveness: restart the agent when this is false)."""
+        limit = max(5 * self.settings.interval, 10.0)
+        return self._thread is not None and time.monotonic() - self.last_tick_mono < limit
+
+    def components(self) -> list[ComponentStatus]:
+        out = []
+        for collector in self.collectors:
+            status = collector.status()
+            error = self._collector_errors.get(collector.name)
+            if error:
+                status.ok, status.reason = False, error
+            out.append(status)
+        store = self.store.status()
+        if self._store_error:
+            store.ok, store.reason = False, self._store_error
+        store.details["buffered_samples"] = len(self._buffer)
+        out.append(store)
+        rule_errors = dict(self.rules.errors)
+        out.append(ComponentStatus(
+            "rules", ok=not rule_errors,
+            reason="; ".join(rule_errors.values())[:2000],
+            details={"loaded": len(self.rules.rules), "files": [str(p) for p in
+                                                                  self.rules.files()]},
+        ))
+        if self.settings.kubernetes.enabled:
+            if self.pods is not None:
+                out.append(self.pods.status())
+            else:
+                out.append(ComponentStatus("kubernetes", ok=False, reason=self._kube_error))
+        out.append(ComponentStatus(
+            "actuators", ok=True,
+            reason="dry-run: actions are recorded, not taken",
+            details={"dry_run": self.settings.actuators.dry_run},
+        ))
+        return out
+
+    def ready(self) -> bool:
+        """Ready when the loop runs and the store takes writes; collectors report separately."""
+        by_name = {c.name: c for c in self.components()}
+        store_ok = all(c.ok for n, c in by_name.items() if n.startswith("store:"))
+        return self.alive() and store_ok

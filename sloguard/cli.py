@@ -1,0 +1,105 @@
+"""The `sloguard` command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from sloguard import __version__
+from sloguard.config import ConfigError, LoadedSettings, load_settings
+
+app = typer.Typer(
+    help="sloguard: interference detection and SLO guardrails for co-located Kubernetes nodes.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Inspect the configuration.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="YAML config file (default: $SLOGUARD_CONFIG)"),
+]
+DataDirOpt = Annotated[
+    Path | None, typer.Option("--data-dir", help="where the embedded store lives [./data]")
+]
+ListenOpt = Annotated[
+    str | None, typer.Option("--listen", help="HOST:PORT of the UI/API [127.0.0.1:8080]")
+]
+
+
+def _load(config: Path | None, data_dir: Path | None, listen: str | None) -> LoadedSettings:
+    overrides: dict[str, tuple[str, Any]] = {}
+    if data_dir is not None:
+        overrides["data_dir"] = ("--data-dir", data_dir)
+    if listen is not None:
+        overrides["listen"] = ("--listen", listen)
+    try:
+        return load_settings(config, overrides)
+    except ConfigError as exc:
+        typer.echo(f"sloguard: configuration error:\n{exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def run(config: ConfigOpt = None, data_dir: DataDirOpt = None, listen: ListenOpt = None) -> None:
+    """Run the node agent with its web UI and API."""
+    loaded = _load(config, data_dir, listen)
+    settings = loaded.settings
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    import uvicorn
+
+    from sloguard.agent import Agent
+    from sloguard.store import StoreError
+    from sloguard.ui.app import create_app
+
+    try:
+        agent = Agent(settings)
+    except StoreError as exc:
+        typer.echo(f"sloguard: {exc}", err=True)
+        raise typer.Exit(1) from None
+    host, port = settings.listen_host_port
+    logging.getLogger(__name__).info("UI and API on http://%s:%d", host, port)
+    uvicorn.run(
+        create_app(agent), host=host, port=port, log_level=settings.log_level,
+        access_log=False, timeout_graceful_shutdown=10,
+    )
+
+
+@config_app.command("show")
+def config_show(
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+    listen: ListenOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Print the effective configuration and where each value came from."""
+    loaded = _load(config, data_dir, listen)
+    rows = loaded.effective()
+    if as_json:
+        typer.echo(json.dumps(
+            [{"key": k, "value": v, "source": s} for k, v, s in rows], default=str, indent=2))
+        return
+    width = max(len(k) for k, _, _ in rows)
+    for key, value, source in rows:
+        shown = json.dumps(value, default=str)
+        typer.echo(f"{key:<{width}}  {shown}  # {source}")
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    typer.echo(f"sloguard {__version__}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,296 @@
+"""The agent's configuration: one YAML file plus environment overrides.
+
+Precedence (highest first): command-line flags, environment (SLOGUARD_ prefix, `__` between
+nested keys, e.g. SLOGUARD_STORE__RETENTION=2h), the YAML file, built-in defaults. Every value
+remembers where it came from, so `sloguard config show` can answer "why is it set to that?", and
+every error names the file and line (or the environment variable) and the field.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from sloguard.units import parse_duration, parse_size
+
+ENV_PREFIX = "SLOGUARD_"
+ENV_NESTED = "__"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class StoreConfig(_Section):
+    kind: Literal["embedded"] = "embedded"
+    retention: Duration = Field(6 * 3600, description="drop samples older than this")
+    max_size: Size = Field(1024**3, description="drop the oldest samples above this size")
+    buffer_samples: int = Field(
+        200_000, ge=1000, description="samples kept in memory while the store cannot be written"
+    )
+
+
+class NodeCollectorConfig(_Section):
+    enabled: bool = True
+    proc_root: str = "/proc"
+
+
+class CgroupDeclaration(_Section):
+    """Declares cgroups outside Kubernetes (or overrides a pod's class) by path glob."""
+
+    path: str = Field(description="glob over cgroup paths relative to the hierarchy root")
+    class_: Literal["LS", "BE"] = Field(alias="class")
+    name: str | None = Field(None, description="workload name used as the `workload` tag")
+
+
+class CgroupCollectorConfig(_Section):
+    enabled: bool = True
+    root: str | None = Field(None, description="cgroup mount root; auto-detected when unset")
+    include: list[str] = Field(
+        default_factory=lambda: ["kubepods", "kubepods.slice"],
+        description="subtrees (relative paths) whose cgroups are collected",
+    )
+    declare: list[CgroupDeclaration] = Field(default_factory=list)
+    max_depth: int = Field(6, ge=1)
+    rediscover: Duration = Field(10.0, description="how often the hierarchy is walked again")
+    class_label: str = "koordinator.sh/qosClass"
+
+
+class CollectorsConfig(_Section):
+    node: NodeCollectorConfig = Field(default_factory=NodeCollectorConfig)
+    cgroups: CgroupCollectorConfig = Field(default_factory=CgroupCollectorConfig)
+
+
+class KubernetesConfig(_Section):
+    enabled: bool = False
+    kubeconfig: str | None = Field(None, description="unset: in-cluster service account")
+    refresh: Duration = 30.0
+
+
+def _default_rule_paths() -> list[str]:
+    shipped = PROJECT_ROOT / "rules"
+    return [str(shipped)] if shipped.is_dir() else []
+
+
+class RulesConfig(_Section):
+    paths: list[str] = Field(
+        default_factory=_default_rule_paths, description="rule files or directories of *.yaml"
+    )
+
+
+class ActuatorsConfig(_Section):
+    dry_run: bool = True
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED, extra="forbid"
+    )
+
+    node_name: str = Field(default_factory=socket.gethostname)
+    data_dir: Path = Path("data")
+    listen: str = "127.0.0.1:8080"
+    interval: Duration = Field(1.0, gt=0, description="collection and evaluation tick")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    collectors: CollectorsConfig = Field(default_factory=CollectorsConfig)
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+    rules: RulesConfig = Field(default_factory=RulesConfig)
+    actuators: ActuatorsConfig = Field(default_factory=ActuatorsConfig)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"must be HOST:PORT, e.g. 127.0.0.1:8080, got {value!r}")
+        return value
+
+    @property
+    def listen_host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]") or "127.0.0.1", int(port)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _YamlSource(settings_cls)
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    """Feeds the already-parsed YAML document (set by `load_settings`) to pydantic-settings."""
+
+    document: ClassVar[dict[str, Any]] = {}
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self.document.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self.document)
+
+
+class ConfigError(Exception):
+    """A configuration problem, already phrased for the person who wrote the file."""
+
+
+@dataclass
+class LoadedSettings:
+    settings: Settings
+    file: Path | None
+    yaml_lines: dict[tuple[str, ...], int]
+    env_keys: dict[tuple[str, ...], str]
+    cli_keys: dict[tuple[str, ...], str]
+
+    def source_of(self, path: tuple[str, ...], nearest: bool = False) -> str:
+        """Where the value at `path` came from.
+
+        With `nearest`, the closest enclosing key counts too (for errors about a key that is
+        missing or malformed deeper inside what a file or variable gave).
+        """
+        sizes = range(len(path), 0, -1) if nearest else (len(path),)
+        for size in sizes:
+            prefix = path[:size]
+            if prefix in self.cli_keys:
+                return f"command line {self.cli_keys[prefix]}"
+            if prefix in self.env_keys:
+                return f"environment {self.env_keys[prefix]}"
+            if prefix in self.yaml_lines:
+                return f"{self.file}:{self.yaml_lines[prefix]}"
+        if not nearest:
+            for size in range(len(path) - 1, 0, -1):
+                if path[:size] in self.env_keys:  # a whole section given as JSON
+                    return f"environment {self.env_keys[path[:size]]}"
+        return "default"
+
+    def effective(self) -> list[tuple[str, Any, str]]:
+        """(dotted key, value, source) for every leaf setting."""
+        rows: list[tuple[str, Any, str]] = []
+
+        def walk(value: Any, path: tuple[str, ...]) -> None:
+            if isinstance(value, BaseModel):
+                for name, info in type(value).model_fields.items():
+                    walk(getattr(value, name), (*path, info.alias or name))
+            else:
+                if isinstance(value, list):
+                    value = [v.model_dump(by_alias=True) if isinstance(v, BaseModel) else v
+                             for v in value]
+                rows.append((".".join(path), value, self.source_of(path)))
+
+        walk(self.settings, ())
+        return rows
+
+
+def _yaml_document(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from exc
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from exc
+    if document is None:
+        return {}, {}
+    if not isinstance(document, dict):
+        raise ConfigError(f"{path}:1: the config file must be a mapping of settings")
+    return document, yaml_line_map(node)
+
+
+def yaml_line_map(node: yaml.Node | None) -> dict[tuple[str, ...], int]:
+    """Map each key path of a composed YAML document to its 1-based line number."""
+    lines: dict[tuple[str, ...], int] = {}
+
+    def walk(current: yaml.Node, path: tuple[str, ...]) -> None:
+        if isinstance(current, yaml.MappingNode):
+            for key, value in current.value:
+                child = (*path, str(key.value))
+                lines[child] = key.start_mark.line + 1
+                walk(value, child)
+        elif isinstance(current, yaml.SequenceNode):
+            for index, item in enumerate(current.value):
+                child = (*path, str(index))
+                lines[child] = item.start_mark.line + 1
+                walk(item, child)
+
+    if node is not None:
+        walk(node, ())
+    return lines
+
+
+def _env_keys() -> dict[tuple[str, ...], str]:
+    keys = {}
+    for name in os.environ:
+        if name.startswith(ENV_PREFIX) and name != f"{ENV_PREFIX}CONFIG":
+            path = tuple(part.lower() for part in name[len(ENV_PREFIX):].split(ENV_NESTED))
+            keys[path] = name
+    return keys
+
+
+def load_settings(
+    config_file: Path | None = None, cli_overrides: dict[str, tuple[str, Any]] | None = None
+) -> LoadedSettings:
+    """Build the effective settings; raise ConfigError naming file, line and field on problems.
+
+    `cli_overrides` maps a top-level field to (flag name, value) for flags that were given.
+    """
+    if config_file is None and os.environ.get(f"{ENV_PREFIX}CONFIG"):
+        config_file = Path(os.environ[f"{ENV_PREFIX}CONFIG"])
+    document, lines = _yaml_document(config_file) if config_file else ({}, {})
+    cli_overrides = cli_overrides or {}
+    env_keys = _env_keys()
+    cli_keys = {(key,): flag for key, (flag, _) in cli_overrides.items()}
+    _YamlSource.document = document
+    try:
+        settings = Settings(**{key: value for key, (_, value) in cli_overrides.items()})
+    except ValidationError as exc:
+        loaded = LoadedSettings(Settings.model_construct(), config_file, lines, env_keys, cli_keys)
+        raise ConfigError(_describe(exc, loaded)) from exc
+    finally:
+        _YamlSource.document = {}
+    return LoadedSettings(settings, config_file, lines, env_keys, cli_keys)
+
+
+def _describe(exc: ValidationError, loaded: LoadedSettings) -> str:
+    messages = []
+    for error in exc.errors():
+        path = tuple(str(part) for part in error["loc"])
+        field = ".".join(path) or "(top level)"
+        where = loaded.source_of(path, nearest=True)
+        if where == "default" and loaded.file:
+            where = str(loaded.file)
+        message = error["msg"].removeprefix("Value error, ")
+        given = error.get("input")
+        if error["type"] == "extra_forbidden":
+            message = "unknown setting (check the spelling; `sloguard config show` lists them)"
+        elif given is not None and error["type"] != "missing" and repr(given) not in message:
+            message = f"{message} (got {given!r})"
+        messages.append(f"{where}: {field}: {message}")
+    return "\n".join(messages)

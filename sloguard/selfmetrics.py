@@ -1,0 +1,76 @@
+"""The agent's own metrics, exposed on /metrics for the Prometheus that watches the watcher."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+class AgentMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.collection_duration = Histogram(
+            "sloguard_collection_duration_seconds", "Time one collector took for one tick",
+            ["collector"], registry=registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+        )
+        self.collector_errors = Counter(
+            "sloguard_collector_errors_total", "Ticks on which a collector raised",
+            ["collector"], registry=registry,
+        )
+        self.samples_collected = Counter(
+            "sloguard_samples_collected_total", "Samples produced by collectors",
+            ["collector"], registry=registry,
+        )
+        self.samples_written = Counter(
+            "sloguard_samples_written_total", "Samples persisted by the store", ["store"],
+            registry=registry,
+        )
+        self.samples_buffered = Gauge(
+            "sloguard_samples_buffered", "Samples held in memory while the store is failing",
+            registry=registry,
+        )
+        self.samples_dropped = Counter(
+            "sloguard_samples_dropped_total",
+            "Samples dropped because the in-memory buffer was full while the store failed",
+            registry=registry,
+        )
+        self.store_errors = Counter(
+            "sloguard_store_errors_total", "Store operations that failed", ["store", "operation"],
+            registry=registry,
+        )
+        self.rule_evaluations = Counter(
+            "sloguard_rule_evaluations_total", "Rule evaluations by result", ["rule", "result"],
+            registry=registry,
+        )
+        self.tick_duration = Histogram(
+            "sloguard_tick_duration_seconds", "Time of one collect-store-evaluate tick",
+            registry=registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+        )
+        self.tick_overruns = Counter(
+            "sloguard_tick_overruns_total", "Ticks that took longer than the interval",
+            registry=registry,
+        )
+
+    def gauge_callback(
+        self, name: str, doc: str, label: str, read: Callable[[], dict[str, float]]
+    ) -> None:
+        """A gauge family computed at scrape time (e.g. incidents by state from the database)."""
+        self.registry.register(_CallbackCollector(name, doc, label, read))
+
+
+class _CallbackCollector(Collector):
+    def __init__(
+        self, name: str, doc: str, label: str, read: Callable[[], dict[str, float]]
+    ) -> None:
+        self.name, self.doc, self.label, self.read = name, doc, label, read
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self.name, self.doc, labels=[self.label] if self.label else [])
+        for key, value in self.read().items():
+            family.add_metric([key] if self.label else [], value)
+        yield family

@@ -1,0 +1,74 @@
+"""The store contract: write batches of samples, read windows back as pandas DataFrames.
+
+Two implementations fit behind it: the embedded SQLite store (the default, so a node works with
+nothing else installed) and InfluxDB. The window query is shaped after InfluxQL's
+`SELECT agg(field) ... WHERE tags AND time >= a AND time < b GROUP BY time(every), *` so the
+InfluxDB implementation is a direct translation, and results look the same from both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from sloguard.health import ComponentStatus
+from sloguard.samples import Sample
+from sloguard.selectors import Matcher
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+AGGREGATIONS = ("mean", "min", "max", "sum", "count", "first", "last", "median")
+
+
+def check_aggregation(agg: str) -> str:
+    """Accept the named aggregations and percentiles spelled p50, p99, p99.9."""
+    if agg in AGGREGATIONS:
+        return agg
+    if agg.startswith("p"):
+        try:
+            q = float(agg[1:])
+        except ValueError:
+            q = -1.0
+        if 0 < q < 100:
+            return agg
+    raise ValueError(f"unknown aggregation {agg!r} (use {', '.join(AGGREGATIONS)} or p50..p99.9)")
+
+
+@dataclass(frozen=True, slots=True)
+class WindowQuery:
+    """Samples of one measurement in [start_ns, end_ns), optionally aggregated per `every_ns`.
+
+    The result has a `time` column (datetime64[ns, UTC]; the bucket start when aggregated), one
+    column per tag key of the matching series, and one column per requested field.
+    """
+
+    measurement: str
+    start_ns: int
+    end_ns: int
+    fields: tuple[str, ...] | None = None
+    matchers: tuple[Matcher, ...] = ()
+    every_ns: int | None = None
+    agg: str = "mean"
+
+
+class StoreError(Exception):
+    """A store could not take or give data; the caller keeps the samples and retries."""
+
+
+class Store(Protocol):
+    name: str
+
+    def write(self, samples: list[Sample]) -> None:
+        """Persist a batch atomically, or raise StoreError leaving nothing half-written."""
+        ...
+
+    def read(self, query: WindowQuery) -> pd.DataFrame: ...
+
+    def maintain(self, now_ns: int) -> None:
+        """Apply retention; called periodically by the agent."""
+        ...
+
+    def status(self) -> ComponentStatus: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,104 @@
+"""Shared fixtures: real cgroups, a running agent, and the checks that decide whether a test may
+skip. On CI (CI=true) nothing that this machine can run is allowed to skip."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sloguard.collectors.cgroup_layout import CgroupLayout, detect_layout
+
+ON_CI = os.environ.get("CI") == "true"
+
+
+def need(condition: bool, reason: str) -> None:
+    """Skip when a capability truly does not exist here, but never on CI, where it must."""
+    if not condition:
+        if ON_CI:
+            pytest.fail(f"required on CI: {reason}")
+        pytest.skip(reason)
+
+
+class RealCgroups:
+    """Creates child cgroups in every mounted hierarchy this test needs, and removes them."""
+
+    def __init__(self, layout: CgroupLayout, prefix: str) -> None:
+        self.layout = layout
+        self.prefix = prefix
+        self.procs: list[subprocess.Popen] = []
+        self.created: list[Path] = []
+
+    def hierarchies(self) -> list[Path]:
+        roots = [self.layout.v1[c] for c in ("cpu", "cpuacct", "memory") if c in self.layout.v1]
+        if self.layout.unified is not None:
+            roots.append(self.layout.unified)
+        return list(dict.fromkeys(roots))
+
+    def create(self, rel: str) -> str:
+        """Create `<prefix>/<rel>` everywhere; return its path relative to the roots."""
+        full = f"{self.prefix}/{rel}".strip("/")
+        for root in self.hierarchies():
+            path = root / full
+            if not path.exists():
+                path.mkdir(parents=True)
+                self.created.append(path)
+        return full
+
+    def write(self, rel: str, filename: str, value: str) -> None:
+        for root in self.hierarchies():
+            target = root / rel / filename
+            if target.exists():
+                target.write_text(value)
+                return
+        raise FileNotFoundError(f"{filename} in no hierarchy for {rel}")
+
+    def spawn(self, rel: str, code: str = "while True: pass") -> subprocess.Popen:
+        """Start a Python process and move it into the cgroup in every hierarchy."""
+        proc = subprocess.Popen([sys.executable, "-c", code])
+        self.procs.append(proc)
+        self.move(proc.pid, rel)
+        return proc
+
+    def move(self, pid: int, rel: str) -> None:
+        for root in self.hierarchies():
+            (root / rel / "cgroup.procs").write_text(str(pid))
+
+    def cleanup(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+        for path in sorted(self.created, key=lambda p: len(p.parts), reverse=True):
+            for _ in range(50):
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.05)
+
+
+@pytest.fixture
+def real_cgroups() -> Iterator[RealCgroups]:
+    need(os.geteuid() == 0, "creating cgroups needs root")
+    layout = detect_layout()
+    cg = RealCgroups(layout, f"sloguard-test-{uuid.uuid4().hex[:8]}")
+    try:
+        yield cg
+    finally:
+        cg.cleanup()
+
+
+@pytest.fixture
+def sloguard_bin() -> str:
+    path = shutil.which("sloguard", path=str(Path(sys.executable).parent))
+    assert path, "the sloguard console script is not installed in this environment"
+    return path

@@ -1,0 +1,138 @@
+"""The container collector against real cgroups on this machine: usage, quota throttling,
+memory, per-cgroup PSI, pod path recognition and containers that vanish mid-read."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from sloguard.collectors.cgroups import CgroupCollector
+from sloguard.config import CgroupCollectorConfig, CgroupDeclaration
+from sloguard.samples import Sample
+
+
+def _by(samples: list[Sample], measurement: str, cgroup: str, **tags: str) -> Sample:
+    found = [
+        s for s in samples
+        if s.measurement == measurement and s.tags["cgroup"] == "/" + cgroup
+        and all(s.tags.get(k) == v for k, v in tags.items())
+    ]
+    assert len(found) == 1, f"{measurement} for {cgroup}: {found}"
+    return found[0]
+
+
+def _collect_twice(collector: CgroupCollector, pause: float = 1.0) -> list[Sample]:
+    collector.collect(time.time_ns())
+    time.sleep(pause)
+    return collector.collect(time.time_ns())
+
+
+def test_usage_and_quota_throttling_are_seen(real_cgroups):
+    hog = real_cgroups.create("be/hog")
+    idle = real_cgroups.create("ls/idle")
+    real_cgroups.write(hog, "cpu.cfs_period_us", "100000")
+    real_cgroups.write(hog, "cpu.cfs_quota_us", "20000")  # 20% of one CPU
+    real_cgroups.spawn(hog)
+    real_cgroups.spawn(idle, "import time\nwhile True: time.sleep(0.05)")
+    config = CgroupCollectorConfig(
+        include=[real_cgroups.prefix],
+        declare=[
+            CgroupDeclaration(path=f"{real_cgroups.prefix}/be/*", **{"class": "BE"}),
+            CgroupDeclaration(path=f"{real_cgroups.prefix}/ls/*", name="idler",
+                              **{"class": "LS"}),
+        ],
+    )
+    collector = CgroupCollector("node-a", config)
+    samples = _collect_twice(collector)
+
+    cpu = _by(samples, "container_cpu", hog)
+    assert cpu.tags["class"] == "BE" and cpu.tags["node"] == "node-a"
+    assert 0.12 < cpu.fields["usage_cores"] < 0.3, cpu.fields  # held at ~20% by the quota
+    assert cpu.fields["limit_cores"] == 0.2
+    assert cpu.fields["periods"] >= 5
+    assert cpu.fields["throttled_periods"] >= 5
+    assert cpu.fields["throttled_ratio"] > 0.5
+    assert cpu.fields["throttled_seconds"] > 0.1
+
+    quiet = _by(samples, "container_cpu", idle)
+    assert quiet.tags["class"] == "LS" and quiet.tags["workload"] == "idler"
+    assert quiet.fields["usage_cores"] < 0.1
+    assert "limit_cores" not in quiet.fields
+    assert quiet.fields.get("throttled_periods", 0) == 0
+
+    memory = _by(samples, "container_memory", hog)
+    assert memory.fields["usage_bytes"] > 1_000_000  # a Python interpreter lives there
+    assert 0 < memory.fields["working_set_bytes"] <= memory.fields["usage_bytes"]
+    assert "limit_bytes" not in memory.fields
+
+    if collector.layout.unified is not None:  # per-cgroup PSI through the v2 hierarchy
+        pressure = _by(samples, "container_pressure", hog, resource="cpu")
+        assert pressure.fields["some_rate"] > 10, pressure.fields  # throttled = stalled
+        assert pressure.fields["some_total"] > 0
+
+    workloads = collector.workloads("LS")
+    assert {"cgroup": f"/{idle}", "level": "cgroup", "class": "LS",
+            "workload": "idler"} in workloads
+    assert all(w["class"] == "LS" for w in workloads)
+
+
+def test_memory_limit_is_reported(real_cgroups):
+    rel = real_cgroups.create("limited")
+    real_cgroups.write(rel, "memory.limit_in_bytes" if real_cgroups.layout.mode != "v2"
+                       else "memory.max", str(256 * 1024 * 1024))
+    real_cgroups.spawn(rel, "import time\nx = bytearray(30_000_000)\ntime.sleep(60)")
+    time.sleep(0.5)
+    collector = CgroupCollector("n", CgroupCollectorConfig(include=[real_cgroups.prefix]))
+    samples = _collect_twice(collector, 0.2)
+    memory = _by(samples, "container_memory", rel)
+    assert memory.fields["limit_bytes"] == 256 * 1024 * 1024
+    assert memory.fields["usage_bytes"] > 30_000_000
+
+
+def test_kubernetes_pod_layouts_are_recognised(real_cgroups):
+    uid_fs, uid_sd = str(uuid.uuid4()), str(uuid.uuid4())
+    cid = uuid.uuid4().hex * 2
+    fs_container = real_cgroups.create(f"kubepods/besteffort/pod{uid_fs}/{cid}")
+    fs_guaranteed = real_cgroups.create(f"kubepods/pod{uid_sd}")
+    sd_pod = "kubepods-burstable-pod" + uid_sd.replace("-", "_") + ".slice"
+    sd_container = real_cgroups.create(
+        f"kubepods.slice/kubepods-burstable.slice/{sd_pod}/cri-containerd-{cid}.scope"
+    )
+    real_cgroups.spawn(fs_container, "import time\ntime.sleep(60)")
+    real_cgroups.spawn(sd_container, "import time\ntime.sleep(60)")
+    collector = CgroupCollector(
+        "n", CgroupCollectorConfig(include=[f"{real_cgroups.prefix}/kubepods",
+                                            f"{real_cgroups.prefix}/kubepods.slice"]),
+    )
+    samples = _collect_twice(collector, 0.2)
+
+    be = _by(samples, "container_memory", fs_container).tags
+    assert (be["level"], be["qos"], be["class"], be["pod_uid"], be["container_id"]) == (
+        "container", "besteffort", "BE", uid_fs, cid)
+    guaranteed = _by(samples, "container_memory", fs_guaranteed).tags
+    assert (guaranteed["level"], guaranteed["qos"], guaranteed["class"]) == (
+        "pod", "guaranteed", "LS")
+    ls = _by(samples, "container_memory", sd_container).tags
+    assert (ls["level"], ls["qos"], ls["class"], ls["pod_uid"], ls["container_id"]) == (
+        "container", "burstable", "LS", uid_sd, cid)
+    qos = _by(samples, "container_memory", f"{real_cgroups.prefix}/kubepods/besteffort").tags
+    assert (qos["level"], qos["class"]) == ("qos", "BE")
+
+
+def test_container_that_exits_mid_read_is_skipped_and_counted(real_cgroups):
+    keep = real_cgroups.create("keep")
+    gone = real_cgroups.create("gone")
+    proc = real_cgroups.spawn(gone, "import time\ntime.sleep(60)")
+    collector = CgroupCollector("n", CgroupCollectorConfig(include=[real_cgroups.prefix],
+                                                           rediscover=3600))
+    collector.collect(time.time_ns())
+    assert collector.status().details["cgroups"] == 3
+    proc.kill()
+    proc.wait()
+    time.sleep(0.2)
+    for root in real_cgroups.hierarchies():
+        (root / gone).rmdir()
+    samples = collector.collect(time.time_ns())  # discovery is stale: the cgroup vanished
+    assert collector.vanished_total == 1
+    assert collector.status().ok
+    assert {s.tags["cgroup"] for s in samples} == {f"/{real_cgroups.prefix}", f"/{keep}"}

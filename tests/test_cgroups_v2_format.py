@@ -1,0 +1,119 @@
+"""cgroup v2 files in their documented formats (Documentation/admin-guide/cgroup-v2.rst).
+
+This machine mounts v1 controllers, so cpu.max/memory.* of v2 cannot be exercised on its real
+hierarchy (test_cgroups_real.py covers v1 and the real v2 PSI files); here a tree in the exact v2
+format checks the v2 reading path that production nodes use, including a pod that exits.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sloguard.collectors.cgroup_layout import detect_layout, layout_from_root
+from sloguard.collectors.cgroups import CgroupCollector
+from sloguard.config import CgroupCollectorConfig
+
+POD = "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0b6f8c4e_7d3a_4c59_9a3e_2f1d8a6b5c4d.slice"
+CONTAINER = POD + "/cri-containerd-" + "ab" * 32 + ".scope"
+
+
+def _write_cgroup(root, rel, usage_usec, throttled, max_="50000 100000", mem="max"):
+    d = root / rel
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "cpu.stat").write_text(
+        f"usage_usec {usage_usec}\nuser_usec {usage_usec // 2}\nsystem_usec {usage_usec // 2}\n"
+        f"nr_periods {throttled * 2}\nnr_throttled {throttled}\n"
+        f"throttled_usec {throttled * 1000}\nnr_bursts 0\nburst_usec 0\n"
+    )
+    (d / "cpu.max").write_text(f"{max_}\n")
+    (d / "memory.current").write_text("104857600\n")
+    (d / "memory.max").write_text(f"{mem}\n")
+    (d / "memory.stat").write_text(
+        "anon 52428800\nfile 41943040\nkernel 1048576\nactive_file 20971520\n"
+        "inactive_file 31457280\n"
+    )
+    (d / "cpu.pressure").write_text(
+        f"some avg10=12.50 avg60=3.10 avg300=0.80 total={usage_usec // 4}\n"
+        f"full avg10=1.00 avg60=0.20 avg300=0.05 total={usage_usec // 40}\n"
+    )
+    (d / "memory.pressure").write_text(
+        "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+        "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+
+
+def test_v2_tree_is_read_with_rates_limits_and_psi(tmp_path):
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    _write_cgroup(tmp_path, "kubepods.slice", 9_000_000, 0, "max 100000")
+    _write_cgroup(tmp_path, POD.rsplit("/", 1)[0], 9_000_000, 0, "max 100000")
+    _write_cgroup(tmp_path, CONTAINER, 1_000_000, 10, mem="536870912")
+    _write_cgroup(tmp_path, POD, 1_000_000, 10)
+    collector = CgroupCollector(
+        "node-b", CgroupCollectorConfig(root=str(tmp_path), include=["kubepods.slice"])
+    )
+    assert collector.layout.mode == "v2"
+    collector.collect(time.time_ns())
+    time.sleep(0.5)
+    _write_cgroup(tmp_path, CONTAINER, 1_250_000, 30, mem="536870912")  # +0.25 s CPU
+    samples = collector.collect(time.time_ns())
+    cid = "/" + CONTAINER
+    cpu = next(s for s in samples if s.measurement == "container_cpu" and s.tags["cgroup"] == cid)
+    assert cpu.tags["level"] == "container" and cpu.tags["class"] == "BE"
+    assert cpu.tags["pod_uid"] == "0b6f8c4e-7d3a-4c59-9a3e-2f1d8a6b5c4d"
+    assert 0.3 < cpu.fields["usage_cores"] < 0.55  # 0.25 s over ~0.5 s
+    assert cpu.fields["throttled_periods"] == 20
+    assert cpu.fields["periods"] == 40
+    assert cpu.fields["throttled_ratio"] == 0.5
+    assert abs(cpu.fields["throttled_seconds"] - 0.02) < 1e-9
+    assert cpu.fields["limit_cores"] == 0.5
+    memory = next(s for s in samples
+                  if s.measurement == "container_memory" and s.tags["cgroup"] == cid)
+    assert memory.fields["usage_bytes"] == 104857600
+    assert memory.fields["working_set_bytes"] == 104857600 - 31457280
+    assert memory.fields["rss_bytes"] == 52428800
+    assert memory.fields["limit_bytes"] == 536870912
+    psi = next(s for s in samples if s.measurement == "container_pressure"
+               and s.tags["cgroup"] == cid and s.tags["resource"] == "cpu")
+    assert psi.fields["some_avg10"] == 12.5 and psi.fields["full_avg10"] == 1.0
+    assert psi.fields["some_rate"] > 0
+    root = next(s for s in samples if s.measurement == "container_cpu"
+                and s.tags["cgroup"] == "/kubepods.slice")
+    assert "limit_cores" not in root.fields  # "max" means no limit
+    assert root.tags["level"] == "root"
+
+
+def test_v2_container_removed_between_reads(tmp_path):
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    parts = CONTAINER.split("/")
+    for depth in range(1, len(parts) + 1):  # every v2 cgroup has these files
+        _write_cgroup(tmp_path, "/".join(parts[:depth]), 1, 0)
+    collector = CgroupCollector(
+        "n", CgroupCollectorConfig(root=str(tmp_path), include=["kubepods.slice"],
+                                   rediscover=3600)
+    )
+    collector.collect(time.time_ns())
+    for name in ("cpu.stat", "memory.current"):
+        (tmp_path / CONTAINER / name).unlink()
+    samples = collector.collect(time.time_ns())
+    assert collector.vanished_total == 1
+    assert all(s.tags["cgroup"] != "/" + CONTAINER for s in samples)
+
+
+def test_mountinfo_layouts(tmp_path):
+    hybrid = tmp_path / "hybrid"
+    hybrid.write_text(
+        "25 24 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n"
+        "26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+        "28 25 0:25 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct\n"
+        "29 25 0:26 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n"
+    )
+    layout = detect_layout(str(hybrid))
+    assert layout.mode == "hybrid"
+    assert str(layout.v1["cpu"]) == str(layout.v1["cpuacct"]) == "/sys/fs/cgroup/cpu,cpuacct"
+    assert str(layout.unified) == "/sys/fs/cgroup/unified"
+    pure = tmp_path / "pure"
+    pure.write_text("30 24 0:27 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n")
+    layout = detect_layout(str(pure))
+    assert layout.mode == "v2" and str(layout.primary) == "/sys/fs/cgroup"
+    (tmp_path / "v1" / "memory").mkdir(parents=True)
+    assert layout_from_root(tmp_path / "v1").mode == "v1"
