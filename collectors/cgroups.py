@@ -19,7 +19,6 @@ from pathlib import Path
 from sloguard.collectors.cgroup_layout import CgroupLayout, detect_layout, layout_from_root
 from sloguard.collectors.kube_pods import PodMeta, pod_class
 from sloguard.collectors.pod_cgroups import parse_pod_cgroup
-
 from sloguard.config import CgroupCollectorConfig
 from sloguard.health import ComponentStatus
 from sloguard.samples import Sample

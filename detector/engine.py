@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pandas as pd
+
 from sloguard.detector.rules import LoadedRule, RuleSet
 from sloguard.detector.threshold import make_detector
-
 from sloguard.incidents import (
     FIRING,
     PENDING,
@@ -204,13 +204,10 @@ class Engine:
             started_ns=now_ns,
             updated_ns=now_ns,
             labels={**tags, **spec.labels},
-            annotations={k: render(v, tags, value) for k, v in spec.annotations.items()},
             affected=affected_workloads(tags, self.inventory()),
             evidence=[Evidence(now_ns, value, threshold, "crossed")],
         )
-        incident.summary = incident.annotations.get("summary") or (
-            f"{spec.alert}: {spec.field} of {spec.expr} = {value} against {threshold}"
-        )
+        _annotate(incident, rule, value, threshold)
         return incident
 
     def _maybe_fire(self, rule: LoadedRule, state: AlertState, value: float | None,
@@ -218,6 +215,7 @@ class Engine:
         incident = state.incident
         incident.updated_ns = now_ns
         if now_ns - incident.started_ns >= rule.spec.for_ * 1e9:
+            _annotate(incident, rule, value, incident.evidence[0].threshold)
             incident.state = FIRING
             incident.fired_ns = now_ns
             incident.actions.extend(self.actuator.on_firing(incident, now_ns))
@@ -269,6 +267,17 @@ def _aggregate(values: pd.Series, times: pd.Series, aggregate: str) -> float:
     if aggregate == "last":
         return float(values.iloc[-1])
     return float(values.quantile(float(aggregate[1:]) / 100))
+
+
+def _annotate(incident: Incident, rule: LoadedRule, value: float | None,
+              threshold: float | None) -> None:
+    """Render annotations with the current value (Prometheus re-renders them on evaluation)."""
+    spec = rule.spec
+    incident.annotations.update(
+        {k: render(v, incident.series, value) for k, v in spec.annotations.items()})
+    incident.summary = incident.annotations.get("summary") or (
+        f"{spec.alert}: {spec.field} of {spec.expr} = {value} against {threshold}"
+    )
 
 
 def fingerprint(rule_key: str, series: SeriesKey) -> str:

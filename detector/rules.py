@@ -125,7 +125,7 @@ def load_rule_file(path: Path, validate_params: Any = None) -> list[LoadedRule]:
         for error in exc.errors():
             loc = tuple(str(p) for p in error["loc"])
             line = next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), 1)
-            msg = error["msg"]
+            msg = error["msg"].removeprefix("Value error, ")
             if error["type"] == "extra_forbidden":
                 msg = "unknown field"
             problems.append(f"{path}:{line}: {'.'.join(loc)}: {msg}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -69,10 +70,32 @@ def run(config: ConfigOpt = None, data_dir: DataDirOpt = None, listen: ListenOpt
         raise typer.Exit(1) from None
     host, port = settings.listen_host_port
     logging.getLogger(__name__).info("UI and API on http://%s:%d", host, port)
-    uvicorn.run(
+    server = _uvicorn_server()(uvicorn.Config(
         create_app(agent), host=host, port=port, log_level=settings.log_level,
         access_log=False, timeout_graceful_shutdown=10,
-    )
+    ))
+    server.run()
+    if not server.started:
+        raise typer.Exit(1)
+
+
+def _uvicorn_server() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """SIGTERM is how Kubernetes stops the agent: once flushed, exit 0, not by the signal.
+
+        uvicorn re-raises the signals it caught after its graceful shutdown; a stop that
+        completed cleanly should not look like a crash to the supervisor.
+        """
+
+        def handle_exit(self, sig: int, frame: object) -> None:
+            super().handle_exit(sig, frame)
+            captured = getattr(self, "_captured_signals", None)
+            if sig == signal.SIGTERM and captured and captured[-1] == sig:
+                captured.pop()
+
+    return Server
 
 
 @config_app.command("show")

@@ -13,7 +13,10 @@ from sloguard.collectors.cgroup_layout import detect_layout, layout_from_root
 from sloguard.collectors.cgroups import CgroupCollector
 from sloguard.config import CgroupCollectorConfig
 
-POD = "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0b6f8c4e_7d3a_4c59_9a3e_2f1d8a6b5c4d.slice"
+POD = (
+    "kubepods.slice/kubepods-besteffort.slice/"
+    "kubepods-besteffort-pod0b6f8c4e_7d3a_4c59_9a3e_2f1d8a6b5c4d.slice"
+)
 CONTAINER = POD + "/cri-containerd-" + "ab" * 32 + ".scope"
 
 

@@ -153,11 +153,13 @@ class EmbeddedStore:
                 if measurement == query.measurement
                 and all(m.matches(tags) for m in query.matchers)
             }
-            wanted = query.fields or tuple(sorted(self._fields))
-            field_ids = {self._fields[f]: f for f in wanted if f in self._fields}
+            names = query.fields or tuple(self._fields)
+            field_ids = {self._fields[f]: f for f in names if f in self._fields}
             if not series or not field_ids:
-                return _empty_frame(series, wanted)
+                return _empty_frame(series, query.fields or ())
             raw = self._select(query, agg, list(series), list(field_ids))
+        # Without a field list: every field these series have in the window, in a stable order.
+        wanted = query.fields or tuple(sorted({field_ids[row[1]] for row in raw}))
         return _to_frame(raw, query, agg, series, field_ids, wanted)
 
     def _select(
@@ -196,18 +198,20 @@ class EmbeddedStore:
                 if boundary is None:
                     boundary = self._writer.execute("SELECT max(rowid) + 1 FROM samples").fetchone()
                 self._delete_below(boundary[0])
-                used = self.used_bytes()
-                if used > self.max_size:
+                # Deleting rows frees B-tree pages less than proportionally: repeat a few times.
+                for _ in range(8):
+                    used = self.used_bytes()
                     lo, hi = self._writer.execute(
                         "SELECT min(rowid), max(rowid) FROM samples"
                     ).fetchone()
-                    if lo is not None:
-                        share = 1 - 0.9 * self.max_size / used
-                        self._delete_below(lo + int((hi - lo + 1) * share) + 1)
-                        log.warning(
-                            "embedded store above %d bytes: dropped the oldest %.0f%% of samples",
-                            self.max_size, share * 100,
-                        )
+                    if used <= self.max_size or lo is None:
+                        break
+                    share = min(0.5, max(0.05, 1 - 0.9 * self.max_size / used))
+                    self._delete_below(lo + int((hi - lo + 1) * share) + 1)
+                    log.warning(
+                        "embedded store above its %d-byte bound: dropped the oldest %.0f%% of "
+                        "samples", self.max_size, share * 100,
+                    )
                 self._writer.execute(
                     "DELETE FROM series WHERE last_ns < ? AND last_ns > 0", (cutoff,)
                 )
@@ -293,10 +297,7 @@ def _to_frame(
         else:
             values = grouped.quantile(float(agg[1:]) / 100)
         long = values.reset_index()
-    wide = long.pivot_table(
-        index=["series_id", "ts"], columns="field_id", values="value", aggfunc="last",
-        dropna=False,
-    )
+    wide = long.groupby(["series_id", "ts", "field_id"], sort=False)["value"].last().unstack()
     wide.columns = [field_ids[c] for c in wide.columns]
     wide = wide.reset_index()
     tag_keys = sorted({k for sid in wide["series_id"].unique() for k in series[int(sid)]})

@@ -1,0 +1,161 @@
+"""The agent as users run it: `sloguard run` as a process, real cgroups, real HTTP.
+
+CPU load in a declared LS cgroup must open an incident that goes firing and, once the load
+stops, resolved; the incident must survive a SIGTERM-and-restart, and the health endpoints must
+say what works.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+RULES = """\
+groups:
+  - name: e2e
+    rules:
+      - alert: LSBusy
+        expr: container_cpu{class="LS", workload="svc"}
+        field: usage_cores
+        aggregate: mean
+        window: 2s
+        params: {above: 0.5, recover_below: 0.2}
+        for: 2s
+        recover_for: 2s
+        severity: warning
+        annotations:
+          summary: "{{ $labels.workload }} uses {{ $value }} cores"
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class AgentProcess:
+    def __init__(self, binary: str, config: Path, data: Path, log: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [binary, "run", "-c", str(config), "--data-dir", str(data),
+                 "--listen", f"127.0.0.1:{self.port}"],
+                stdout=out, stderr=subprocess.STDOUT,
+            )
+        self.wait_for(lambda: self.get("/healthz").status_code == 200, 30, "agent never healthy")
+
+    def get(self, path: str) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=5)
+
+    def wait_for(self, check, timeout: float, what: str):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                result = check()
+                if result:
+                    return result
+            except httpx.HTTPError:
+                pass
+            assert self.proc.poll() is None, f"agent exited: {self.log.read_text()[-3000:]}"
+            time.sleep(0.25)
+        raise AssertionError(f"{what}; log:\n{self.log.read_text()[-3000:]}")
+
+    def incidents(self, **params) -> list[dict]:
+        query = "&".join(f"{k}={v}" for k, v in params.items())
+        return self.get(f"/api/incidents?{query}").json()["incidents"]
+
+    def terminate(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=30)
+
+
+def test_agent_detects_and_resolves_and_survives_restart(tmp_path, real_cgroups, sloguard_bin):
+    svc = real_cgroups.create("svc")
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "e2e.yaml").write_text(RULES)
+    config = tmp_path / "sloguard.yaml"
+    config.write_text(
+        f"node_name: e2e-node\n"
+        f"interval: 500ms\n"
+        f"rules:\n  paths: [{tmp_path / 'rules'}]\n"
+        f"collectors:\n  cgroups:\n    include: []\n    rediscover: 1s\n"
+        f"    declare:\n      - {{path: '{svc}', class: LS, name: svc}}\n"
+    )
+    data, log = tmp_path / "data", tmp_path / "agent.log"
+    agent = AgentProcess(sloguard_bin, config, data, log)
+    try:
+        ready = agent.wait_for(lambda: agent.get("/readyz"), 10, "no readyz")
+        body = ready.json()
+        assert ready.status_code == 200 and body["ready"] and body["node"] == "e2e-node"
+        names = {c["name"]: c for c in body["components"]}
+        assert names["node"]["ok"] and names["collector:cgroups"]["ok"]
+        assert names["store:embedded"]["ok"] and names["rules"]["details"]["loaded"] == 1
+        assert agent.incidents() == []
+
+        hog = real_cgroups.spawn(svc)
+        firing = agent.wait_for(lambda: agent.incidents(state="firing"), 20, "never fired")
+        incident = firing[0]
+        assert incident["rule"] == "LSBusy" and incident["node"] == "e2e-node"
+        assert incident["series"]["workload"] == "svc" and incident["series"]["class"] == "LS"
+        assert incident["summary"].startswith("svc uses ")
+        assert incident["evidence"][0]["value"] > 0.5
+        assert incident["actions"][0]["dry_run"] is True
+
+        metrics = agent.get("/metrics").text
+        assert 'sloguard_incidents{state="firing"} 1.0' in metrics
+        assert 'sloguard_rule_evaluations_total{result="ok",rule="e2e/LSBusy"}' in metrics
+        assert "sloguard_samples_written_total" in metrics
+        page = agent.get("/")
+        assert page.status_code == 200 and "LSBusy" in page.text
+
+        assert agent.terminate() == 0  # SIGTERM: flush and exit cleanly
+        assert "agent stopped" in log.read_text()
+        agent = AgentProcess(sloguard_bin, config, data, log)
+        again = agent.get(f"/api/incidents/{incident['id']}").json()
+        assert again["state"] == "firing"  # it survived the restart
+
+        hog.kill()
+        hog.wait()
+        resolved = agent.wait_for(lambda: agent.incidents(state="resolved"), 20, "no resolve")
+        assert [i["id"] for i in resolved] == [incident["id"]]  # continued, not duplicated
+        assert len(agent.incidents()) == 1
+        assert agent.get("/api/incidents/nope").status_code == 404
+        assert agent.get("/api/incidents?state=bogus").status_code == 422
+    finally:
+        if agent.proc.poll() is None:
+            agent.terminate()
+
+
+def test_broken_rule_file_is_reported_and_previous_rules_stay(tmp_path, sloguard_bin):
+    (tmp_path / "rules").mkdir()
+    rule_file = tmp_path / "rules" / "e2e.yaml"
+    rule_file.write_text(RULES)
+    config = tmp_path / "sloguard.yaml"
+    config.write_text(f"interval: 200ms\nrules:\n  paths: [{tmp_path / 'rules'}]\n"
+                      "collectors:\n  cgroups:\n    include: []\n")
+    agent = AgentProcess(sloguard_bin, config, tmp_path / "data", tmp_path / "agent.log")
+    try:
+        rule_file.write_text(RULES.replace("window: 2s", "window: two"))
+        os.utime(rule_file, (1, 1))
+
+        def rejected():
+            body = agent.get("/api/rules").json()
+            return body if body["file_errors"] else None
+
+        body = agent.wait_for(rejected, 20, "the broken file was never noticed")
+        assert [r["key"] for r in body["rules"]] == ["e2e/LSBusy"]
+        assert f"{rule_file}:8: groups.0.rules.0.window" in body["file_errors"][str(rule_file)]
+        ready = agent.get("/readyz").json()
+        rules = next(c for c in ready["components"] if c["name"] == "rules")
+        assert not rules["ok"] and "window" in rules["reason"]
+    finally:
+        agent.terminate()

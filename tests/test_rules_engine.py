@@ -1,0 +1,211 @@
+"""Rules and the incident lifecycle on the real embedded stores."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+import pytest
+
+from sloguard.actuators.dryrun import DryRunActuator
+from sloguard.detector.engine import Engine, render
+from sloguard.detector.rules import RuleFileError, RuleSet, load_rule_file
+from sloguard.detector.threshold import Threshold, make_detector
+from sloguard.incidents import FIRING, PENDING, RESOLVED
+from sloguard.samples import Sample
+from sloguard.store import StoreError
+from sloguard.store.embedded import EmbeddedStore
+from sloguard.store.incidents_db import IncidentStore
+
+S = 1_000_000_000
+T0 = 1_800_000_000 * S
+
+RULES = """\
+groups:
+  - name: ls
+    rules:
+      - alert: LSSlow
+        expr: lat{class="LS"}
+        field: p99
+        aggregate: last
+        window: 3s
+        params: {above: 10, recover_below: 5}
+        for: 2s
+        recover_for: 2s
+        severity: critical
+        labels: {team: web}
+        annotations:
+          summary: "{{ $labels.pod }} p99 {{ $value }} ms"
+"""
+
+
+def test_threshold_hysteresis_and_nan():
+    t = Threshold({"above": 10, "recover_below": 5})
+    assert [t.update(v).active for v in (5, 11, 7, 6, 4, 7, 11)] == [
+        False, True, True, True, False, False, True]
+    assert t.update(math.nan).active is False
+    low = make_detector("threshold", {"below": 1})
+    assert low.update(0.5).active and not low.update(2).active
+    for bad in ({}, {"above": 1, "below": 2}, {"above": "x"}, {"above": 1, "recover_below": 2},
+                {"above": 1, "recover_above": 0}, {"above": 1, "bogus": 1}):
+        with pytest.raises(ValueError):
+            Threshold(bad)
+    with pytest.raises(ValueError, match="unknown detector"):
+        make_detector("magic", {})
+
+
+def test_rule_file_errors_name_file_line_and_field(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(RULES.replace("window: 3s", "window: 3 sec"))
+    with pytest.raises(RuleFileError, match=rf"{path}:8: groups.0.rules.0.window: not a duration"):
+        load_rule_file(path)
+    path.write_text(RULES.replace('expr: lat{class="LS"}', 'expr: lat{class=LS}'))
+    with pytest.raises(RuleFileError, match=rf"{path}:5: groups.0.rules.0.expr"):
+        load_rule_file(path)
+    path.write_text(RULES.replace("params: {above: 10, recover_below: 5}", "params: {abve: 1}"))
+    validate = lambda spec: make_detector(spec.detector, spec.params)  # noqa: E731
+    with pytest.raises(RuleFileError, match=rf"{path}:4: .*params: unknown threshold"):
+        load_rule_file(path, validate)
+    path.write_text(RULES + "        colour: red\n")
+    with pytest.raises(RuleFileError, match=rf"{path}:16: groups.0.rules.0.colour: unknown"):
+        load_rule_file(path)
+
+
+def test_broken_file_keeps_previous_rules(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(RULES)
+    rules = RuleSet([str(tmp_path)])
+    assert rules.reload() and [r.key for r in rules.rules] == ["ls/LSSlow"]
+    path.write_text("groups: [ {name: x, rules: [ {alert: A} ] } ]\n")
+    import os
+    os.utime(path, (1, 1))  # a new mtime even within the same second
+    assert not rules.reload()
+    assert [r.key for r in rules.rules] == ["ls/LSSlow"]  # still armed
+    assert "expr" in rules.errors[str(path)] and f"{path}:1" in rules.errors[str(path)]
+    path.write_text(RULES.replace("LSSlow", "LSSlower"))
+    os.utime(path, (2, 2))
+    assert rules.reload() and [r.key for r in rules.rules] == ["ls/LSSlower"]
+    assert rules.errors == {}
+
+
+class _Harness:
+    def __init__(self, tmp_path, rules_text=RULES):
+        (tmp_path / "rules").mkdir(exist_ok=True)
+        (tmp_path / "rules" / "r.yaml").write_text(rules_text)
+        self.tmp = tmp_path
+        self.store = EmbeddedStore(tmp_path / "samples.db", 3600, 1 << 30)
+        self.open()
+
+    def open(self):
+        self.incidents = IncidentStore(self.tmp / "incidents.db")
+        self.rules = RuleSet([str(self.tmp / "rules")])
+        self.rules.reload()
+        self.engine = Engine(
+            self.store, self.incidents, self.rules, "node-a", DryRunActuator("node-a"),
+            inventory=lambda: [{"cgroup": "/x", "class": "LS"}, {"cgroup": "/y", "class": "BE"}],
+        )
+        return self.engine.restore()
+
+    def at(self, second: int, value: float | None, pod: str = "web-1") -> None:
+        now = T0 + second * S
+        if value is not None:
+            self.store.write([Sample("lat", {"node": "node-a", "class": "LS", "pod": pod},
+                                     {"p99": value}, now)])
+        self.engine.evaluate(now)
+
+    def all(self):
+        return self.incidents.query(limit=100)
+
+
+def test_lifecycle_pending_firing_resolved(tmp_path):
+    h = _Harness(tmp_path)
+    h.at(0, 1.0)
+    assert h.all() == []
+    h.at(1, 20.0)
+    [incident] = h.all()
+    assert incident.state == PENDING and incident.actions == []
+    h.at(2, 20.0)
+    assert h.all()[0].state == PENDING
+    h.at(3, 25.0)  # `for: 2s` has elapsed
+    [incident] = h.all()
+    assert incident.state == FIRING and incident.fired_ns == T0 + 3 * S
+    assert incident.severity == "critical" and incident.labels["team"] == "web"
+    assert incident.summary == "web-1 p99 25 ms"
+    assert incident.affected == [{"pod": "web-1"}]
+    assert [(a.step, a.dry_run, a.status) for a in incident.actions] == [
+        ("notify", True, "proposed")]
+    assert incident.evidence[0].value == 20.0 and incident.evidence[0].threshold == 10
+    h.at(4, 7.0)  # between the bounds: hysteresis keeps it firing
+    h.at(5, 3.0)  # recovered: the 2 s hold starts
+    h.at(6, 3.0)
+    assert h.all()[0].state == FIRING
+    h.at(7, 3.0)
+    [incident] = h.all()
+    assert incident.state == RESOLVED and incident.resolved_ns == T0 + 7 * S
+    assert incident.peak == 25.0
+    assert len(incident.actions) == 2
+
+
+def test_pending_that_clears_leaves_no_incident_and_nan_never_fires(tmp_path):
+    h = _Harness(tmp_path)
+    h.at(0, 50.0)
+    assert h.all()[0].state == PENDING
+    h.at(1, 1.0)
+    assert h.all() == []
+    h.at(2, math.nan)
+    h.at(3, None)  # no data at all
+    h.at(8, None)
+    assert h.all() == []
+
+
+def test_incidents_survive_a_restart(tmp_path):
+    h = _Harness(tmp_path)
+    for second in range(4):
+        h.at(second, 30.0)
+    [before] = h.all()
+    assert before.state == FIRING
+    h.incidents.close()
+    assert h.open() == 1  # a new engine over the same files adopts the incident
+    h.at(4, 30.0)
+    h.at(5, 1.0)
+    h.at(7, 1.0)
+    [after] = h.all()
+    assert after.id == before.id and after.state == RESOLVED
+    assert after.fired_ns == before.fired_ns
+
+
+def test_one_failing_rule_does_not_stop_the_others(tmp_path):
+    text = RULES + textwrap.indent(textwrap.dedent("""\
+        - alert: Broken
+          expr: explode
+          field: v
+          params: {above: 1}
+    """), " " * 6)
+    h = _Harness(tmp_path, text)
+    original = h.store.read
+
+    def read(query):
+        if query.measurement == "explode":
+            raise StoreError("disk on fire")
+        return original(query)
+
+    h.store.read = read
+    for second in range(4):
+        h.at(second, 30.0)
+    assert h.all()[0].state == FIRING
+    assert "disk on fire" in h.engine.status["ls/Broken"].error
+    assert h.engine.status["ls/LSSlow"].error == ""
+
+
+def test_series_are_independent(tmp_path):
+    h = _Harness(tmp_path)
+    for second in range(4):
+        h.at(second, 30.0, pod="web-1")
+        h.at(second, 1.0, pod="web-2")
+    [incident] = h.all()
+    assert incident.series["pod"] == "web-1"
+
+
+def test_render():
+    assert render("{{ $labels.a }}={{$value}}", {"a": "x"}, 1.23456) == "x=1.235"
+    assert render("{{ $labels.missing }}|{{ $value }}", {}, None) == "|n/a"
