@@ -30,11 +30,17 @@ PSI_RESOURCES = ("cpu", "memory", "io")
 
 
 def _read(path: str) -> bytes | None:
+    """One whole cgroup file (they are small), or None when it is gone."""
     try:
-        with open(path, "rb", buffering=0) as handle:
-            return handle.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        return os.read(fd, 65536)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _kv(data: bytes) -> dict[bytes, int]:
@@ -48,6 +54,27 @@ def _kv(data: bytes) -> dict[bytes, int]:
             except ValueError:
                 continue
     return out
+
+
+# (inactive file cache, anonymous memory, page cache) keys of memory.stat.
+_MEM_KEYS_V1 = (b"total_inactive_file ", b"total_rss ", b"total_cache ")
+_MEM_KEYS_V2 = (b"inactive_file ", b"anon ", b"file ")
+
+
+def _stat_value(data: bytes, key: bytes) -> int | None:
+    """The value of one `key value` line; memory.stat is long and read every tick."""
+    if data.startswith(key):
+        begin = len(key)
+    else:
+        found = data.find(b"\n" + key)
+        if found < 0:
+            return None
+        begin = found + 1 + len(key)
+    end = data.find(b"\n", begin)
+    try:
+        return int(data[begin:end if end >= 0 else None])
+    except ValueError:
+        return None
 
 
 def parse_psi(data: bytes) -> dict[str, float]:
@@ -325,15 +352,13 @@ class CgroupCollector:
         fields: dict[str, float] = {"usage_bytes": int(usage)}
         stat = _read(item.mem_stat) if item.mem_stat else None
         if stat:
-            kv = _kv(stat)
-            inactive = kv.get(b"inactive_file" if item.mem_v2 else b"total_inactive_file", 0)
+            keys = _MEM_KEYS_V2 if item.mem_v2 else _MEM_KEYS_V1
+            inactive = _stat_value(stat, keys[0]) or 0
             fields["working_set_bytes"] = max(0, fields["usage_bytes"] - inactive)
-            rss_key = b"anon" if item.mem_v2 else b"total_rss"
-            if rss_key in kv:
-                fields["rss_bytes"] = kv[rss_key]
-            cache_key = b"file" if item.mem_v2 else b"total_cache"
-            if cache_key in kv:
-                fields["cache_bytes"] = kv[cache_key]
+            for name, key in (("rss_bytes", keys[1]), ("cache_bytes", keys[2])):
+                value = _stat_value(stat, key)
+                if value is not None:
+                    fields[name] = value
         if item.limit_bytes is not None:
             fields["limit_bytes"] = item.limit_bytes
         return fields

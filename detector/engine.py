@@ -1,10 +1,10 @@
 """Rule evaluation and the incident lifecycle: evaluate -> pending -> firing -> resolved.
 
-Each tick, every loaded rule reads its window from the store, reduces each matching series to one
-value, feeds the series' detector, and moves the series' alert through the Prometheus-style
-states. Incidents are persisted on every transition so a restarted agent continues the incidents
-it had instead of opening duplicates. A rule that fails (bad data, a detector error) is recorded
-on that rule and the others go on.
+Each tick, every loaded rule takes its window from the recent in-memory windows (backfilled from
+the store at start), reduces each matching series to one value, feeds the series' detector,
+and moves the series' alert through the Prometheus-style states. Incidents are persisted on every
+transition so a restarted agent continues the incidents it had instead of opening duplicates. A
+rule that fails (bad data, a detector error) is recorded on that rule and the others go on.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import pandas as pd
-
+from sloguard.detector.recent import RecentWindows
 from sloguard.detector.rules import LoadedRule, RuleSet
 from sloguard.detector.threshold import make_detector
 from sloguard.incidents import (
@@ -66,7 +65,7 @@ class RuleStatus:
 
 @dataclass
 class Engine:
-    store: Any
+    windows: RecentWindows
     incidents: IncidentStore
     rules: RuleSet
     node: str
@@ -136,17 +135,35 @@ class Engine:
 
     def _values(self, rule: LoadedRule, now_ns: int) -> dict[SeriesKey, float]:
         spec = rule.spec
-        selector = spec.selector
-        frame = self.store.read(
-            WindowQuery(
-                measurement=selector.measurement,
-                start_ns=now_ns - int(spec.window * 1e9),
-                end_ns=now_ns + 1,
-                fields=(spec.field,),
-                matchers=selector.matchers,
-            )
-        )
-        return reduce_window(frame, spec.field, spec.aggregate)
+        subscription, _ = self.windows.subscribe(spec.selector, spec.field, spec.window)
+        window = subscription.window(now_ns - int(spec.window * 1e9), now_ns + 1)
+        return {key: aggregate(times, values, spec.aggregate)
+                for key, (times, values) in window.items()}
+
+    def sync_windows(self, store: Any, now_ns: int) -> int:
+        """Subscribe the loaded rules to recent data; backfill new subscriptions from the store.
+
+        Backfill is best effort: a store that cannot be read leaves the window to fill from
+        live data. Returns the number of samples backfilled.
+        """
+        subscriptions, loaded = [], 0
+        for rule in self.rules.rules:
+            spec = rule.spec
+            subscription, new = self.windows.subscribe(spec.selector, spec.field, spec.window)
+            subscriptions.append(subscription)
+            if not new or store is None:
+                continue
+            try:
+                samples = store.read_samples(WindowQuery(
+                    spec.selector.measurement, now_ns - int(spec.window * 1e9), now_ns + 1,
+                    fields=(spec.field,), matchers=spec.selector.matchers))
+            except Exception as exc:
+                log.warning("backfill of %s from the store failed: %s", rule.key, exc)
+                continue
+            self.windows.add(samples, only=subscription)
+            loaded += len(samples)
+        self.windows.retain(subscriptions)
+        return loaded
 
     def _step_rule(self, rule: LoadedRule, values: dict[SeriesKey, float], now_ns: int) -> None:
         for series in set(values) | {s for (k, s) in self.states if k == rule.key}:
@@ -233,40 +250,31 @@ class Engine:
         log.info("incident %s resolved (%s)", incident.id, note)
 
 
-def reduce_window(frame: pd.DataFrame, field_name: str, aggregate: str) -> dict[SeriesKey, float]:
-    """One value per series: the rule's aggregate over the window (NaN rows ignored)."""
-    if frame.empty or field_name not in frame.columns:
-        return {}
-    tag_cols = [c for c in frame.columns if c not in ("time", field_name)]
-    data = frame.dropna(subset=[field_name])
-    out: dict[SeriesKey, float] = {}
-    if not tag_cols:
-        return {(): _aggregate(data[field_name].astype(float), data["time"], aggregate)}
-    for tag_values, group in data.groupby(tag_cols, sort=False, dropna=False):
-        if not isinstance(tag_values, tuple):
-            tag_values = (tag_values,)
-        tags = tuple(sorted((k, v) for k, v in zip(tag_cols, tag_values, strict=True) if v != ""))
-        series = group[field_name].astype(float)
-        out[tags] = _aggregate(series, group["time"], aggregate)
-    return out
-
-
-def _aggregate(values: pd.Series, times: pd.Series, aggregate: str) -> float:
-    if values.empty:
+def aggregate(times: list[int], values: list[float], how: str) -> float:
+    """The rule's aggregate over one series' window; NaN when it cannot be computed."""
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
         return math.nan
-    if aggregate == "rate":
-        if len(values) < 2:
+    if how == "rate":  # per-second increase of a counter; a reset gives no value
+        if len(values) < 2 or values[-1] < values[0]:
             return math.nan
-        seconds = (times.iloc[-1] - times.iloc[0]).total_seconds()
-        delta = values.iloc[-1] - values.iloc[0]
-        return delta / seconds if seconds > 0 and delta >= 0 else math.nan
-    if aggregate in ("mean", "min", "max", "sum", "count", "median"):
-        return float(getattr(values, aggregate)())
-    if aggregate == "first":
-        return float(values.iloc[0])
-    if aggregate == "last":
-        return float(values.iloc[-1])
-    return float(values.quantile(float(aggregate[1:]) / 100))
+        return (values[-1] - values[0]) / ((times[-1] - times[0]) / 1e9)
+    if how == "mean":
+        return math.fsum(values) / len(values)
+    if how in ("min", "max"):
+        return min(values) if how == "min" else max(values)
+    if how == "sum":
+        return math.fsum(values)
+    if how == "count":
+        return float(len(values))
+    if how in ("first", "last"):
+        return values[0] if how == "first" else values[-1]
+    q = 0.5 if how == "median" else float(how[1:]) / 100
+    ordered = sorted(values)  # linear interpolation, as numpy's and pandas' default
+    pos = (len(ordered) - 1) * q
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 def _annotate(incident: Incident, rule: LoadedRule, value: float | None,

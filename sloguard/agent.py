@@ -19,6 +19,7 @@ from sloguard.actuators.dryrun import DryRunActuator
 from sloguard.collectors.cgroups import CgroupCollector
 from sloguard.config import Settings
 from sloguard.detector.engine import Engine
+from sloguard.detector.recent import RecentWindows
 from sloguard.detector.rules import RuleSet
 from sloguard.detector.threshold import make_detector
 from sloguard.health import ComponentStatus
@@ -64,8 +65,9 @@ class Agent:
             list(settings.rules.paths),
             validate_params=lambda spec: make_detector(spec.detector, spec.params),
         )
+        self.windows = RecentWindows()
         self.engine = Engine(
-            store=self.store,
+            windows=self.windows,
             incidents=self.incidents,
             rules=self.rules,
             node=self.node,
@@ -114,8 +116,7 @@ class Agent:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        self.rules.reload()
-        self._next_reload = time.monotonic() + RULE_RELOAD_S
+        self._reload_rules()
         restored = self.engine.restore()
         if restored:
             log.info("continuing %d open incidents from before the restart", restored)
@@ -174,11 +175,11 @@ class Agent:
                 time.perf_counter() - t0)
             self.metrics.samples_collected.labels(collector.name).inc(len(samples))
             self._enqueue(samples)
+            self.windows.add(samples)  # detection goes on even while the store fails
         self._flush()
         mono = time.monotonic()
         if mono >= self._next_reload:
-            self.rules.reload()
-            self._next_reload = mono + RULE_RELOAD_S
+            self._reload_rules()
         self.engine.evaluate(now_ns)
         if mono >= self._next_maintain:
             self._next_maintain = mono + MAINTAIN_S
@@ -190,6 +191,14 @@ class Agent:
         self.ticks += 1
         self.last_tick_mono = time.monotonic()
         self.metrics.tick_duration.observe(time.perf_counter() - started)
+
+    def _reload_rules(self) -> None:
+        if self.rules.reload() or not self.ticks:
+            backfilled = self.engine.sync_windows(self.store, time.time_ns())
+            if backfilled:
+                log.info("backfilled %d samples of new rules' windows from the store",
+                         backfilled)
+        self._next_reload = time.monotonic() + RULE_RELOAD_S
 
     def _enqueue(self, samples: list[Sample]) -> None:
         limit = self.settings.store.buffer_samples

@@ -34,7 +34,7 @@ class RealCgroups:
         self.layout = layout
         self.prefix = prefix
         self.procs: list[subprocess.Popen] = []
-        self.created: list[Path] = []
+        self.created: list[Path] = []  # every directory made, parents included
 
     def hierarchies(self) -> list[Path]:
         roots = [self.layout.v1[c] for c in ("cpu", "cpuacct", "memory") if c in self.layout.v1]
@@ -46,10 +46,12 @@ class RealCgroups:
         """Create `<prefix>/<rel>` everywhere; return its path relative to the roots."""
         full = f"{self.prefix}/{rel}".strip("/")
         for root in self.hierarchies():
-            path = root / full
-            if not path.exists():
-                path.mkdir(parents=True)
-                self.created.append(path)
+            path = root
+            for part in full.split("/"):
+                path = path / part
+                if not path.exists():
+                    path.mkdir()
+                    self.created.append(path)
         return full
 
     def write(self, rel: str, filename: str, value: str) -> None:
@@ -61,10 +63,17 @@ class RealCgroups:
         raise FileNotFoundError(f"{filename} in no hierarchy for {rel}")
 
     def spawn(self, rel: str, code: str = "while True: pass") -> subprocess.Popen:
-        """Start a Python process and move it into the cgroup in every hierarchy."""
-        proc = subprocess.Popen([sys.executable, "-c", code])
+        """Start a Python process in the cgroup (in every hierarchy) before it runs `code`.
+
+        The child waits on stdin until it has been moved, so everything `code` does (CPU,
+        memory) is charged to the cgroup under test.
+        """
+        gate = "import sys\nsys.stdin.read(1)\n"
+        proc = subprocess.Popen([sys.executable, "-c", gate + code], stdin=subprocess.PIPE)
         self.procs.append(proc)
         self.move(proc.pid, rel)
+        proc.stdin.write(b"go")
+        proc.stdin.close()
         return proc
 
     def move(self, pid: int, rel: str) -> None:

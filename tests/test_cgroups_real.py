@@ -61,7 +61,7 @@ def test_usage_and_quota_throttling_are_seen(real_cgroups):
     assert quiet.fields.get("throttled_periods", 0) == 0
 
     memory = _by(samples, "container_memory", hog)
-    assert memory.fields["usage_bytes"] > 1_000_000  # a Python interpreter lives there
+    assert memory.fields["usage_bytes"] > 100_000  # pages the interpreter touched after the move
     assert 0 < memory.fields["working_set_bytes"] <= memory.fields["usage_bytes"]
     assert "limit_bytes" not in memory.fields
 

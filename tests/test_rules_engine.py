@@ -8,12 +8,12 @@ import textwrap
 import pytest
 
 from sloguard.actuators.dryrun import DryRunActuator
-from sloguard.detector.engine import Engine, render
+from sloguard.detector.engine import Engine, aggregate, render
+from sloguard.detector.recent import RecentWindows
 from sloguard.detector.rules import RuleFileError, RuleSet, load_rule_file
 from sloguard.detector.threshold import Threshold, make_detector
 from sloguard.incidents import FIRING, PENDING, RESOLVED
 from sloguard.samples import Sample
-from sloguard.store import StoreError
 from sloguard.store.embedded import EmbeddedStore
 from sloguard.store.incidents_db import IncidentStore
 
@@ -100,17 +100,23 @@ class _Harness:
         self.incidents = IncidentStore(self.tmp / "incidents.db")
         self.rules = RuleSet([str(self.tmp / "rules")])
         self.rules.reload()
+        self.windows = RecentWindows()
         self.engine = Engine(
-            self.store, self.incidents, self.rules, "node-a", DryRunActuator("node-a"),
+            self.windows, self.incidents, self.rules, "node-a", DryRunActuator("node-a"),
             inventory=lambda: [{"cgroup": "/x", "class": "LS"}, {"cgroup": "/y", "class": "BE"}],
         )
+        self.engine.sync_windows(self.store, self.now)
         return self.engine.restore()
 
+    now = T0
+
     def at(self, second: int, value: float | None, pod: str = "web-1") -> None:
-        now = T0 + second * S
+        now = self.now = T0 + second * S
         if value is not None:
-            self.store.write([Sample("lat", {"node": "node-a", "class": "LS", "pod": pod},
-                                     {"p99": value}, now)])
+            sample = Sample("lat", {"node": "node-a", "class": "LS", "pod": pod},
+                            {"p99": value}, now)
+            self.store.write([sample])
+            self.windows.add([sample])
         self.engine.evaluate(now)
 
     def all(self):
@@ -177,24 +183,61 @@ def test_incidents_survive_a_restart(tmp_path):
 def test_one_failing_rule_does_not_stop_the_others(tmp_path):
     text = RULES + textwrap.indent(textwrap.dedent("""\
         - alert: Broken
-          expr: explode
-          field: v
+          expr: lat
+          field: p99
+          detector: threshold
           params: {above: 1}
     """), " " * 6)
     h = _Harness(tmp_path, text)
-    original = h.store.read
+    original = make_detector
 
-    def read(query):
-        if query.measurement == "explode":
-            raise StoreError("disk on fire")
-        return original(query)
+    def exploding(kind, params):
+        detector = original(kind, params)
+        if params == {"above": 1}:
+            detector.update = lambda value: 1 / 0
+        return detector
 
-    h.store.read = read
-    for second in range(4):
-        h.at(second, 30.0)
+    import sloguard.detector.engine as engine_module
+    engine_module.make_detector = exploding
+    try:
+        for second in range(4):
+            h.at(second, 30.0)
+    finally:
+        engine_module.make_detector = original
     assert h.all()[0].state == FIRING
-    assert "disk on fire" in h.engine.status["ls/Broken"].error
+    assert "ZeroDivisionError" in h.engine.status["ls/Broken"].error
     assert h.engine.status["ls/LSSlow"].error == ""
+
+
+def test_backfill_from_the_store_continues_windows_after_restart(tmp_path):
+    h = _Harness(tmp_path)
+    for second in range(3):
+        h.at(second, 30.0)  # pending since second 1 of 2 needed
+    h.store.write([Sample("lat", {"node": "node-a", "class": "LS", "pod": "web-9"},
+                          {"p99": 99.0}, T0 + 2 * S)])
+    h.incidents.close()
+    h.open()  # restart: windows come back from the store
+    spec = h.rules.rules[0].spec
+    subscription, new = h.windows.subscribe(spec.selector, spec.field, spec.window)
+    assert not new  # created and backfilled when the engine synced its windows
+    assert {dict(k)["pod"] for k in subscription.window(T0, T0 + 3 * S)} == {"web-1", "web-9"}
+
+
+def test_aggregates_match_pandas():
+    import pandas as pd
+
+    values = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0]
+    times = [T0 + i * S for i in range(len(values))]
+    series = pd.Series(values)
+    for how, expected in (("mean", series.mean()), ("max", 9.0), ("min", 1.0),
+                          ("sum", series.sum()), ("count", 8.0), ("median", series.median()),
+                          ("p90", series.quantile(0.9)), ("p99.9", series.quantile(0.999)),
+                          ("first", 3.0), ("last", 6.0)):
+        assert math.isclose(aggregate(times, values, how), expected), how
+    assert aggregate(times[:3], [10.0, 20.0, 40.0], "rate") == 15.0
+    assert math.isnan(aggregate(times[:2], [10.0, 5.0], "rate"))  # counter reset
+    assert math.isnan(aggregate([], [], "mean"))
+    assert aggregate(times[:2], [math.nan, 2.0], "mean") == 2.0
 
 
 def test_series_are_independent(tmp_path):

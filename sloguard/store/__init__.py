@@ -65,6 +65,10 @@ class Store(Protocol):
 
     def read(self, query: WindowQuery) -> pd.DataFrame: ...
 
+    def read_samples(self, query: WindowQuery) -> list[Sample]:
+        """The raw window as samples, oldest first (no aggregation), without pandas."""
+        ...
+
     def maintain(self, now_ns: int) -> None:
         """Apply retention; called periodically by the agent."""
         ...

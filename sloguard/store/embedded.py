@@ -1,10 +1,9 @@
 """The embedded sample store: SQLite in WAL mode, in the agent's data directory.
 
-Chosen over DuckDB after measuring both here (benchmarks/store_choice.py): insert and window
-reads are of the same order for our batch sizes, while SQLite costs no extra dependency, keeps the
-agent's RSS low, and lets the UI read while the loop writes (WAL). Samples are kept in long
-form, one row per (series, field, time), so any field of any measurement is read by the same
-index without schema changes when a collector grows a field.
+Chosen over DuckDB after measuring both here (benchmarks/store_choice.py). Each measurement has
+its own table with one column per field (added as fields appear), so a tick of 100 cgroups is
+~500 rows, not ~3,600 single-value rows, and a window read returns the wide frame directly.
+WAL lets the UI read while the agent's loop writes.
 """
 
 from __future__ import annotations
@@ -13,15 +12,16 @@ import json
 import logging
 import sqlite3
 import threading
-import time
+from collections import defaultdict
 from pathlib import Path
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from sloguard.health import ComponentStatus
 from sloguard.samples import Sample
 from sloguard.store import StoreError, WindowQuery, check_aggregation
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +33,44 @@ CREATE TABLE IF NOT EXISTS series (
     last_ns INTEGER NOT NULL DEFAULT 0,
     UNIQUE (measurement, tags)
 );
-CREATE TABLE IF NOT EXISTS fields (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
-CREATE TABLE IF NOT EXISTS samples (
-    series_id INTEGER NOT NULL,
-    field_id INTEGER NOT NULL,
-    ts INTEGER NOT NULL,
-    value
+CREATE TABLE IF NOT EXISTS measurements (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS fields (
+    measurement_id INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    col TEXT NOT NULL,
+    PRIMARY KEY (measurement_id, name)
 );
-CREATE INDEX IF NOT EXISTS samples_by_series ON samples (series_id, field_id, ts);
 """
 _SQL_AGG = {"mean": "AVG", "min": "MIN", "max": "MAX", "sum": "SUM", "count": "COUNT"}
-_DELETE_BATCH = 100_000
+_DELETE_BATCH = 50_000
+
+
+class _Catalog:
+    """Series, measurement tables and field columns, mirrored in memory."""
+
+    def __init__(self) -> None:
+        self.series: dict[tuple[str, str], int] = {}
+        self.series_by_id: dict[int, tuple[str, dict[str, str]]] = {}
+        self.tables: dict[str, str] = {}  # measurement -> table
+        self.columns: dict[str, dict[str, str]] = {}  # measurement -> field -> column
+
+    def load(self, conn: sqlite3.Connection) -> None:
+        known = max(self.series_by_id, default=0)
+        for sid, measurement, tags in conn.execute(
+            "SELECT id, measurement, tags FROM series WHERE id > ?", (known,)
+        ):
+            self.series[(measurement, tags)] = sid
+            self.series_by_id[sid] = (measurement, json.loads(tags))
+        names = {}
+        for mid, name in conn.execute("SELECT id, name FROM measurements"):
+            names[mid] = name
+            self.tables[name] = f"m{mid}"
+        for mid, name, col in conn.execute("SELECT measurement_id, name, col FROM fields"):
+            self.columns.setdefault(names[mid], {})[name] = col
+
+    def reset(self, conn: sqlite3.Connection) -> None:
+        self.__init__()
+        self.load(conn)
 
 
 class EmbeddedStore:
@@ -51,21 +78,24 @@ class EmbeddedStore:
 
     def __init__(self, path: Path, retention_s: float, max_size: int) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.retention_ns = int(retention_s * 1e9)
         self.max_size = max_size
         self._write_lock = threading.Lock()
         self._read_lock = threading.Lock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot create the data directory: {exc}") from exc
         self._writer = self._connect()
         self._writer.executescript(_SCHEMA)
         self._reader = self._connect()
-        self._series: dict[tuple[str, str], int] = {}
-        self._series_by_id: dict[int, tuple[str, dict[str, str]]] = {}
-        self._fields: dict[str, int] = {}
+        self._catalog = _Catalog()
+        self._catalog.load(self._writer)
+        self._read_catalog = _Catalog()
         self._last_seen: dict[int, int] = {}
+        self._fast_ids: dict[tuple, int] = {}  # (measurement, tag items as given) -> series id
         self._last_error = ""
         self.rows_written = 0
-        self._load_catalog(self._writer)
 
     def _connect(self) -> sqlite3.Connection:
         try:
@@ -77,112 +107,149 @@ class EmbeddedStore:
             raise StoreError(f"{self.path}: cannot open the embedded store: {exc}") from exc
         return conn
 
-    def _load_catalog(self, conn: sqlite3.Connection) -> None:
-        for sid, measurement, tags in conn.execute(
-            "SELECT id, measurement, tags FROM series WHERE id > ?", (max(self._series_by_id,
-                                                                           default=0),)
-        ):
-            self._series[(measurement, tags)] = sid
-            self._series_by_id[sid] = (measurement, json.loads(tags))
-        for fid, name in conn.execute("SELECT id, name FROM fields"):
-            self._fields[name] = fid
-
     # -- writing -------------------------------------------------------------------------
 
     def write(self, samples: list[Sample]) -> None:
         if not samples:
             return
         with self._write_lock:
-            conn = self._writer
+            conn, catalog = self._writer, self._catalog
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                rows = []
+                # measurement -> field names (in order) -> rows
+                groups: dict[str, dict[tuple[str, ...], list[tuple]]] = defaultdict(
+                    lambda: defaultdict(list))
                 for sample in samples:
                     sid = self._series_id(conn, sample)
                     self._last_seen[sid] = sample.time_ns
-                    for name, value in sample.fields.items():
-                        fid = self._fields.get(name)
-                        if fid is None:
-                            fid = self._field_id(conn, name)
-                        rows.append((sid, fid, sample.time_ns, value))
-                conn.executemany("INSERT INTO samples VALUES (?, ?, ?, ?)", rows)
+                    names = tuple(sample.fields)
+                    groups[sample.measurement][names].append(
+                        (sid, sample.time_ns, *sample.fields.values()))
+                rows = 0
+                for measurement, by_fields in groups.items():
+                    table = self._table(conn, measurement)
+                    for names, values in by_fields.items():
+                        cols = [self._column(conn, measurement, table, n) for n in names]
+                        marks = ",".join("?" * (len(cols) + 2))
+                        conn.executemany(
+                            f"INSERT INTO {table} (series_id, ts{''.join(',' + c for c in cols)})"
+                            f" VALUES ({marks})", values,
+                        )
+                        rows += len(values)
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-                # New catalog entries of the failed transaction are gone: forget them.
-                self._series.clear()
-                self._series_by_id.clear()
-                self._fields.clear()
-                self._load_catalog(conn)
+                catalog.reset(conn)  # entries created by the failed transaction are gone
+                self._fast_ids.clear()
                 self._last_error = f"write failed: {exc}"
                 raise StoreError(f"{self.path}: {exc}") from exc
-            self.rows_written += len(rows)
+            self.rows_written += rows
             self._last_error = ""
 
     def _series_id(self, conn: sqlite3.Connection, sample: Sample) -> int:
-        tags = json.dumps(sample.tags, sort_keys=True, separators=(",", ":"))
-        key = (sample.measurement, tags)
-        sid = self._series.get(key)
+        fast = (sample.measurement, *sample.tags.items())
+        sid = self._fast_ids.get(fast)
+        if sid is not None:
+            return sid
+        key = (sample.measurement, json.dumps(sample.tags, sort_keys=True, separators=(",", ":")))
+        sid = self._catalog.series.get(key)
         if sid is None:
-            cursor = conn.execute(
-                "INSERT INTO series (measurement, tags) VALUES (?, ?)", key
-            )
-            sid = int(cursor.lastrowid)
-            self._series[key] = sid
-            self._series_by_id[sid] = (sample.measurement, dict(sample.tags))
+            sid = int(conn.execute(
+                "INSERT INTO series (measurement, tags) VALUES (?, ?)", key).lastrowid)
+            self._catalog.series[key] = sid
+            self._catalog.series_by_id[sid] = (sample.measurement, dict(sample.tags))
+        if len(self._fast_ids) > 100_000:
+            self._fast_ids.clear()
+        self._fast_ids[fast] = sid
         return sid
 
-    def _field_id(self, conn: sqlite3.Connection, name: str) -> int:
-        cursor = conn.execute("INSERT INTO fields (name) VALUES (?)", (name,))
-        self._fields[name] = int(cursor.lastrowid)
-        return self._fields[name]
+    def _table(self, conn: sqlite3.Connection, measurement: str) -> str:
+        table = self._catalog.tables.get(measurement)
+        if table is None:
+            mid = conn.execute("INSERT INTO measurements (name) VALUES (?)",
+                               (measurement,)).lastrowid
+            table = f"m{mid}"
+            conn.execute(f"CREATE TABLE {table} (series_id INTEGER NOT NULL, ts INTEGER NOT NULL)")
+            conn.execute(f"CREATE INDEX {table}_by_series ON {table} (series_id, ts)")
+            self._catalog.tables[measurement] = table
+            self._catalog.columns[measurement] = {}
+        return table
+
+    def _column(self, conn: sqlite3.Connection, measurement: str, table: str, name: str) -> str:
+        columns = self._catalog.columns[measurement]
+        col = columns.get(name)
+        if col is None:
+            col = f"f{len(columns) + 1}"
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {col}")
+            conn.execute("INSERT INTO fields VALUES (?, ?, ?)",
+                         (int(table[1:]), name, col))
+            columns[name] = col
+        return col
 
     # -- reading -------------------------------------------------------------------------
 
-    def read(self, query: WindowQuery) -> pd.DataFrame:
-        agg = check_aggregation(query.agg)
+    def _rows(self, query: WindowQuery, agg: str) -> tuple[list, dict, list[str]]:
+        """Rows (series_id, ts, *fields) of the window, the matching series, the fields."""
         with self._read_lock:
+            catalog = self._read_catalog
             try:
-                self._load_catalog(self._reader)
+                catalog.load(self._reader)
             except sqlite3.Error as exc:
                 raise StoreError(f"{self.path}: {exc}") from exc
             series = {
-                sid: tags
-                for sid, (measurement, tags) in list(self._series_by_id.items())
+                sid: tags for sid, (measurement, tags) in catalog.series_by_id.items()
                 if measurement == query.measurement
                 and all(m.matches(tags) for m in query.matchers)
             }
-            names = query.fields or tuple(self._fields)
-            field_ids = {self._fields[f]: f for f in names if f in self._fields}
-            if not series or not field_ids:
-                return _empty_frame(series, query.fields or ())
-            raw = self._select(query, agg, list(series), list(field_ids))
-        # Without a field list: every field these series have in the window, in a stable order.
-        wanted = query.fields or tuple(sorted({field_ids[row[1]] for row in raw}))
-        return _to_frame(raw, query, agg, series, field_ids, wanted)
+            columns = catalog.columns.get(query.measurement, {})
+            wanted = list(query.fields) if query.fields else sorted(columns)
+            present = [f for f in wanted if f in columns]
+            if not series or not present:
+                return [], series, present
+            table = catalog.tables[query.measurement]
+            where = f"series_id IN ({','.join('?' * len(series))}) AND ts >= ? AND ts < ?"
+            params: list = [*series, query.start_ns, query.end_ns]
+            cols = [columns[f] for f in present]
+            if query.every_ns and agg in _SQL_AGG:
+                fn = _SQL_AGG[agg]
+                select = ", ".join(f"{fn}({c})" for c in cols)
+                sql = (f"SELECT series_id, (ts / ?) * ? AS bucket, {select} FROM {table} "
+                       f"WHERE {where} GROUP BY series_id, bucket")
+                params = [query.every_ns, query.every_ns, *params]
+            else:
+                sql = f"SELECT series_id, ts, {', '.join(cols)} FROM {table} WHERE {where}"
+            try:
+                return self._reader.execute(sql, params).fetchall(), series, present
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.path}: {exc}") from exc
 
-    def _select(
-        self, query: WindowQuery, agg: str, series: list[int], fields: list[int]
-    ) -> list[tuple]:
-        marks_s = ",".join("?" * len(series))
-        marks_f = ",".join("?" * len(fields))
-        where = (
-            f"series_id IN ({marks_s}) AND field_id IN ({marks_f}) AND ts >= ? AND ts < ?"
-        )
-        params = [*series, *fields, query.start_ns, query.end_ns]
-        if query.every_ns and agg in _SQL_AGG:
-            sql = (
-                f"SELECT series_id, field_id, (ts / ?) * ? AS bucket, {_SQL_AGG[agg]}(value) "
-                f"FROM samples WHERE {where} GROUP BY series_id, field_id, bucket"
-            )
-            params = [query.every_ns, query.every_ns, *params]
-        else:
-            sql = f"SELECT series_id, field_id, ts, value FROM samples WHERE {where}"
-        try:
-            return self._reader.execute(sql, params).fetchall()
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: {exc}") from exc
+    def read(self, query: WindowQuery) -> pd.DataFrame:
+        import pandas as pd  # only readers pay for pandas; the agent's loop does not need it
+
+        agg = check_aggregation(query.agg)
+        rows, series, present = self._rows(query, agg)
+        raw = pd.DataFrame(rows, columns=["series_id", "ts", *present])
+        for name in present:
+            raw[name] = pd.to_numeric(raw[name], errors="coerce")
+        if query.every_ns and agg not in _SQL_AGG:
+            raw = _bucket_in_pandas(raw, query.every_ns, agg, present)
+        wanted = list(query.fields) if query.fields else [
+            f for f in present if raw[f].notna().any()]  # the fields these series have
+        return _frame(raw, series, wanted)
+
+    def read_samples(self, query: WindowQuery) -> list[Sample]:
+        """The raw window as samples, oldest first, without pandas (for streaming consumers)."""
+        if query.every_ns:
+            raise ValueError("read_samples returns raw samples; use read() to aggregate")
+        rows, series, present = self._rows(query, "mean")
+        out = []
+        for sid, ts, *values in sorted(rows, key=lambda row: row[1]):
+            fields = {name: value for name, value in zip(present, values, strict=True)
+                      if value is not None}
+            if fields:
+                out.append(Sample(query.measurement, dict(series[sid]), fields, ts))
+        return out
 
     # -- retention -----------------------------------------------------------------------
 
@@ -192,40 +259,44 @@ class EmbeddedStore:
             try:
                 self._flush_last_seen()
                 cutoff = now_ns - self.retention_ns
-                boundary = self._writer.execute(
-                    "SELECT rowid FROM samples WHERE ts >= ? ORDER BY rowid LIMIT 1", (cutoff,)
-                ).fetchone()
-                if boundary is None:
-                    boundary = self._writer.execute("SELECT max(rowid) + 1 FROM samples").fetchone()
-                self._delete_below(boundary[0])
+                for table in self._catalog.tables.values():
+                    boundary = self._writer.execute(
+                        f"SELECT rowid FROM {table} WHERE ts >= ? ORDER BY rowid LIMIT 1",
+                        (cutoff,)).fetchone()
+                    if boundary is None:
+                        boundary = self._writer.execute(
+                            f"SELECT max(rowid) + 1 FROM {table}").fetchone()
+                    self._delete_below(table, boundary[0])
                 # Deleting rows frees B-tree pages less than proportionally: repeat a few times.
                 for _ in range(8):
                     used = self.used_bytes()
-                    lo, hi = self._writer.execute(
-                        "SELECT min(rowid), max(rowid) FROM samples"
-                    ).fetchone()
-                    if used <= self.max_size or lo is None:
+                    if used <= self.max_size:
                         break
                     share = min(0.5, max(0.05, 1 - 0.9 * self.max_size / used))
-                    self._delete_below(lo + int((hi - lo + 1) * share) + 1)
+                    for table in self._catalog.tables.values():
+                        lo, hi = self._writer.execute(
+                            f"SELECT min(rowid), max(rowid) FROM {table}").fetchone()
+                        if lo is not None:
+                            self._delete_below(table, lo + int((hi - lo + 1) * share) + 1)
                     log.warning(
                         "embedded store above its %d-byte bound: dropped the oldest %.0f%% of "
                         "samples", self.max_size, share * 100,
                     )
                 self._writer.execute(
-                    "DELETE FROM series WHERE last_ns < ? AND last_ns > 0", (cutoff,)
-                )
+                    "DELETE FROM series WHERE last_ns < ? AND last_ns > 0", (cutoff,))
             except sqlite3.Error as exc:
                 self._last_error = f"retention failed: {exc}"
                 raise StoreError(f"{self.path}: {exc}") from exc
+            self._catalog.reset(self._writer)
+            self._fast_ids.clear()
 
-    def _delete_below(self, rowid: int | None) -> None:
+    def _delete_below(self, table: str, rowid: int | None) -> None:
         if rowid is None:
             return
         while True:
             cursor = self._writer.execute(
-                "DELETE FROM samples WHERE rowid IN "
-                "(SELECT rowid FROM samples WHERE rowid < ? ORDER BY rowid LIMIT ?)",
+                f"DELETE FROM {table} WHERE rowid IN "
+                f"(SELECT rowid FROM {table} WHERE rowid < ? ORDER BY rowid LIMIT ?)",
                 (rowid, _DELETE_BATCH),
             )
             if cursor.rowcount < _DELETE_BATCH:
@@ -248,9 +319,7 @@ class EmbeddedStore:
 
     def status(self) -> ComponentStatus:
         return ComponentStatus(
-            "store:embedded",
-            ok=not self._last_error,
-            reason=self._last_error,
+            "store:embedded", ok=not self._last_error, reason=self._last_error,
             details={"path": str(self.path), "rows_written": self.rows_written},
         )
 
@@ -266,53 +335,31 @@ class EmbeddedStore:
             self._reader.close()
 
 
-def _empty_frame(series: dict[int, dict[str, str]], fields: tuple[str, ...]) -> pd.DataFrame:
-    tag_keys = sorted({k for tags in series.values() for k in tags})
-    frame = pd.DataFrame(columns=["time", *tag_keys, *fields])
-    frame["time"] = pd.to_datetime(frame["time"], utc=True)
-    return frame
+def _bucket_in_pandas(raw: pd.DataFrame, every_ns: int, agg: str,
+                      fields: list[str]) -> pd.DataFrame:
+    raw = raw.assign(ts=(raw["ts"] // every_ns) * every_ns).sort_values("ts", kind="stable")
+    grouped = raw.groupby(["series_id", "ts"], sort=False)[fields]
+    if agg in ("first", "last", "median"):
+        out = getattr(grouped, agg)()
+    else:
+        out = grouped.quantile(float(agg[1:]) / 100)
+    return out.reset_index()
 
 
-def _to_frame(
-    raw: list[tuple],
-    query: WindowQuery,
-    agg: str,
-    series: dict[int, dict[str, str]],
-    field_ids: dict[int, str],
-    wanted: tuple[str, ...],
-) -> pd.DataFrame:
-    if not raw:
-        return _empty_frame(series, wanted)
-    long = pd.DataFrame(raw, columns=["series_id", "field_id", "ts", "value"])
-    long["value"] = pd.to_numeric(long["value"], errors="coerce")
-    if query.every_ns and agg not in _SQL_AGG:
-        long["ts"] = (long["ts"] // query.every_ns) * query.every_ns
-        grouped = long.sort_values("ts").groupby(["series_id", "field_id", "ts"])["value"]
-        if agg == "first":
-            values = grouped.first()
-        elif agg == "last":
-            values = grouped.last()
-        elif agg == "median":
-            values = grouped.median()
-        else:
-            values = grouped.quantile(float(agg[1:]) / 100)
-        long = values.reset_index()
-    wide = long.groupby(["series_id", "ts", "field_id"], sort=False)["value"].last().unstack()
-    wide.columns = [field_ids[c] for c in wide.columns]
-    wide = wide.reset_index()
-    tag_keys = sorted({k for sid in wide["series_id"].unique() for k in series[int(sid)]})
+def _frame(raw: pd.DataFrame, series: dict[int, dict[str, str]], fields: list[str]) -> pd.DataFrame:
+    """`time`, the series' tag columns, then the fields; sorted by time then tags."""
+    import pandas as pd
+
+    ids = raw["series_id"].astype("int64") if len(raw) else pd.Series([], dtype="int64")
+    tag_keys = sorted({k for sid in set(ids) for k in series[int(sid)]}) if len(raw) else sorted(
+        {k for tags in series.values() for k in tags})
+    out = pd.DataFrame({"time": pd.to_datetime(raw["ts"].astype("int64"), unit="ns", utc=True)})
     for key in tag_keys:
-        wide[key] = [series[int(sid)].get(key, "") for sid in wide["series_id"]]
-    for name in wanted:
-        if name not in wide.columns:
-            wide[name] = np.nan
-    wide["time"] = pd.to_datetime(wide["ts"], unit="ns", utc=True)
-    frame = wide[["time", *tag_keys, *wanted]].sort_values(["time", *tag_keys])
-    return frame.reset_index(drop=True)
+        out[key] = [series[int(sid)].get(key, "") for sid in ids]
+    for name in fields:
+        out[name] = raw[name].astype(float) if name in raw.columns else float("nan")
+    return out.sort_values(["time", *tag_keys], kind="stable").reset_index(drop=True)
 
 
 def open_store(data_dir: Path, retention_s: float, max_size: int) -> EmbeddedStore:
-    started = time.monotonic()
-    store = EmbeddedStore(Path(data_dir) / "samples.db", retention_s, max_size)
-    log.info("embedded store %s opened in %.2fs", store.path, time.monotonic() - started)
-    return store
+    return EmbeddedStore(Path(data_dir) / "samples.db", retention_s, max_size)

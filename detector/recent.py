@@ -1,0 +1,112 @@
+"""The recent past of the series that rules watch, in memory: what rules evaluate each tick.
+
+Each rule subscribes to (selector, field, window); every tick's samples are routed to the
+subscriptions they match as they arrive, so a tick costs O(new samples), not a re-scan of every
+window. Re-reading each rule's window from the store every second cost ~100x more CPU, the same
+reason Prometheus evaluates rules on its in-memory head. The store stays the record: a new
+subscription is backfilled from it, so `for` durations and rates continue across restarts, and
+backtests and the UI read the store directly.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from sloguard.samples import Sample
+from sloguard.selectors import Selector
+
+SeriesKey = tuple[tuple[str, str], ...]
+_CACHE_LIMIT = 100_000
+
+
+class Subscription:
+    """The values of one field of the series one selector matches, over a sliding window."""
+
+    __slots__ = ("field", "key", "match", "selector", "series", "window_ns")
+
+    def __init__(self, selector: Selector, field: str, window_ns: int) -> None:
+        self.selector = selector
+        self.field = field
+        self.window_ns = window_ns
+        self.key = (str(selector), field, window_ns)
+        self.series: dict[SeriesKey, deque[tuple[int, float]]] = {}
+        self.match: dict[tuple, SeriesKey | None] = {}  # tag items as given -> key or no match
+
+    def offer(self, sample: Sample, given: tuple) -> None:
+        value = sample.fields.get(self.field)
+        if value is None or isinstance(value, str | bool):
+            return
+        key = self.match.get(given, False)
+        if key is False:
+            if len(self.match) > _CACHE_LIMIT:
+                self.match.clear()
+            key = tuple(sorted(given)) if self.selector.matches(sample.tags) else None
+            self.match[given] = key
+        if key is None:
+            return
+        points = self.series.get(key)
+        if points is None:
+            points = self.series[key] = deque()
+        points.append((sample.time_ns, float(value)))
+
+    def prune(self, latest_ns: int) -> None:
+        cutoff = latest_ns - self.window_ns - 1_000_000_000  # one second of slack
+        empty = []
+        for key, points in self.series.items():
+            while points and points[0][0] < cutoff:
+                points.popleft()
+            if not points:
+                empty.append(key)
+        for key in empty:
+            del self.series[key]
+
+    def window(self, start_ns: int, end_ns: int) -> dict[SeriesKey, tuple[list[int], list[float]]]:
+        out = {}
+        for key, points in self.series.items():
+            inside = [p for p in points if start_ns <= p[0] < end_ns]
+            if inside:
+                out[key] = ([p[0] for p in inside], [p[1] for p in inside])
+        return out
+
+
+class RecentWindows:
+    def __init__(self) -> None:
+        self._subs: dict[tuple, Subscription] = {}
+        self._by_measurement: dict[str, list[Subscription]] = {}
+        self._latest_ns = 0
+
+    def subscribe(self, selector: Selector, field: str, window_s: float) -> tuple[Subscription,
+                                                                                  bool]:
+        """The subscription for these parameters, and whether it was just created (empty)."""
+        sub = Subscription(selector, field, int(window_s * 1e9))
+        existing = self._subs.get(sub.key)
+        if existing is not None:
+            return existing, False
+        self._subs[sub.key] = sub
+        self._by_measurement.setdefault(selector.measurement, []).append(sub)
+        return sub, True
+
+    def retain(self, keep: Iterable[Subscription]) -> None:
+        """Forget subscriptions no rule uses any more."""
+        wanted = {sub.key for sub in keep}
+        self._subs = {k: s for k, s in self._subs.items() if k in wanted}
+        self._by_measurement = {}
+        for sub in self._subs.values():
+            self._by_measurement.setdefault(sub.selector.measurement, []).append(sub)
+
+    def add(self, samples: Iterable[Sample], only: Subscription | None = None) -> None:
+        for sample in samples:
+            subs = (only,) if only is not None else self._by_measurement.get(sample.measurement)
+            if not subs:
+                continue
+            given = tuple(sample.tags.items())
+            for sub in subs:
+                sub.offer(sample, given)
+            if sample.time_ns > self._latest_ns:
+                self._latest_ns = sample.time_ns
+        for sub in self._subs.values():
+            sub.prune(self._latest_ns)
+
+    def __len__(self) -> int:
+        return sum(len(points) for sub in self._subs.values() for points in sub.series.values())
