@@ -8,9 +8,11 @@ counted, never an error.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import logging
 import os
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +56,51 @@ def _kv(data: bytes) -> dict[bytes, int]:
             except ValueError:
                 continue
     return out
+
+
+class _OpenFiles:
+    """Cgroup files kept open and re-read with pread.
+
+    Opening a kernfs file costs ~15x a pread of an open one (measured here: 16 us vs 1.1 us),
+    and a node reads hundreds of them every second. Holding descriptors is bounded by a budget
+    below RLIMIT_NOFILE; past it, files are opened per read. A held file of a removed cgroup
+    fails with ENODEV, which is how a vanished container is noticed.
+    """
+
+    def __init__(self, hold: bool = True) -> None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+                soft = hard
+        limit = soft if soft != resource.RLIM_INFINITY else 1 << 20
+        self.budget = max(0, min(limit - 512, 200_000)) if hold else 0
+        self.fds: dict[str, int] = {}
+
+    def read(self, path: str) -> bytes | None:
+        fd = self.fds.get(path)
+        if fd is None:
+            if len(self.fds) >= self.budget:
+                return _read(path)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+            self.fds[path] = fd
+        try:
+            return os.pread(fd, 65536, 0)
+        except OSError:
+            self.close(path)
+            return None
+
+    def close(self, *paths: str | None) -> None:
+        for path in paths:
+            fd = self.fds.pop(path, None) if path else None
+            if fd is not None:
+                os.close(fd)
+
+    def close_all(self) -> None:
+        self.close(*list(self.fds))
 
 
 # (inactive file cache, anonymous memory, page cache) keys of memory.stat.
@@ -107,6 +154,10 @@ class _Tracked:
     prev: dict[str, float] = field(default_factory=dict)
     prev_mono: int = 0
 
+    def files(self) -> list[str | None]:
+        return [self.cpu_usage, self.cpu_stat, self.mem_usage, self.mem_stat,
+                *self.psi.values()]
+
 
 class CgroupCollector:
     name = "cgroups"
@@ -128,6 +179,9 @@ class CgroupCollector:
         self._next_discovery = 0.0
         self.vanished_total = 0
         self.discoveries = 0
+        # Only kernfs reports a removed cgroup through an open descriptor (ENODEV); a tree
+        # given as `root` may be ordinary files (a copy, a fixture), so it is opened per read.
+        self._files = _OpenFiles(hold=config.root is None)
         self._detect()
 
     def _detect(self) -> None:
@@ -161,6 +215,9 @@ class CgroupCollector:
             for match in root.glob(pattern):
                 if match.is_dir():
                     found.setdefault(str(match.relative_to(root)), match)
+        for rel, old in self._tracked.items():
+            if rel not in found:
+                self._files.close(*old.files())
         tracked = {}
         for rel in sorted(found):
             old = self._tracked.get(rel)
@@ -217,10 +274,10 @@ class CgroupCollector:
             if memory:
                 item.limit_bytes = _limit_bytes(_read(f"{memory / rel}/memory.limit_in_bytes"))
         if unified is not None:
-            for resource in PSI_RESOURCES:
-                path = unified / f"{resource}.pressure"
+            for res in PSI_RESOURCES:
+                path = unified / f"{res}.pressure"
                 if path.exists():
-                    item.psi[resource] = str(path)
+                    item.psi[res] = str(path)
         return item
 
     def _tags(self, rel: str) -> dict[str, str]:
@@ -265,16 +322,17 @@ class CgroupCollector:
             if not self._collect_one(item, now_ns, samples):
                 gone.append(rel)
         for rel in gone:
-            del self._tracked[rel]
+            self._files.close(*self._tracked.pop(rel).files())
         self.vanished_total += len(gone)
         return samples
 
     def _collect_one(self, item: _Tracked, now_ns: int, out: list[Sample]) -> bool:
         """Append the cgroup's samples; False when it vanished."""
+        read = self._files.read
         mono = time.monotonic_ns()
         current: dict[str, float] = {}
         cpu_fields: dict[str, float] = {}
-        stat = _read(item.cpu_stat) if item.cpu_stat else None
+        stat = read(item.cpu_stat) if item.cpu_stat else None
         stat_kv = _kv(stat) if stat else {}
         if item.cpu_usage_v2:
             if stat is None:
@@ -283,7 +341,7 @@ class CgroupCollector:
                 current["usage_ns"] = stat_kv[b"usage_usec"] * 1000
             current["throttled_ns"] = stat_kv.get(b"throttled_usec", 0) * 1000
         else:
-            usage = _read(item.cpu_usage) if item.cpu_usage else None
+            usage = read(item.cpu_usage) if item.cpu_usage else None
             if item.cpu_usage and usage is None:
                 return False
             if usage:
@@ -293,14 +351,14 @@ class CgroupCollector:
             current["periods"] = stat_kv[b"nr_periods"]
             current["throttled"] = stat_kv.get(b"nr_throttled", 0)
         psi = {}
-        for resource, path in item.psi.items():
-            data = _read(path)
+        for res, path in item.psi.items():
+            data = read(path)
             if data:
-                psi[resource] = parse_psi(data)
+                psi[res] = parse_psi(data)
                 for kind in ("some", "full"):
-                    total = psi[resource].get(f"{kind}_total")
+                    total = psi[res].get(f"{kind}_total")
                     if total is not None:
-                        current[f"psi_{resource}_{kind}"] = total
+                        current[f"psi_{res}_{kind}"] = total
 
         prev, elapsed = item.prev, (mono - item.prev_mono) / 1e9
         if "usage_ns" in current:
@@ -322,9 +380,9 @@ class CgroupCollector:
             throttled_ns = delta("throttled_ns")
             if throttled_ns is not None and "periods" in current:
                 cpu_fields["throttled_seconds"] = throttled_ns / 1e9
-            for resource, values in psi.items():
+            for res, values in psi.items():
                 for kind in ("some", "full"):
-                    stalled = delta(f"psi_{resource}_{kind}")
+                    stalled = delta(f"psi_{res}_{kind}")
                     if stalled is not None:
                         values[f"{kind}_rate"] = stalled / 1e6 / elapsed * 100
         if item.limit_cores is not None:
@@ -338,19 +396,20 @@ class CgroupCollector:
             return False
         if mem_fields:
             out.append(Sample("container_memory", item.tags, mem_fields, now_ns))
-        for resource, values in psi.items():
-            out.append(Sample("container_pressure", {**item.tags, "resource": resource},
+        for res, values in psi.items():
+            out.append(Sample("container_pressure", {**item.tags, "resource": res},
                               values, now_ns))
         return True
 
     def _memory(self, item: _Tracked) -> dict[str, float] | None:
+        read = self._files.read
         if item.mem_usage is None:
             return {}
-        usage = _read(item.mem_usage)
+        usage = read(item.mem_usage)
         if usage is None:
             return None
         fields: dict[str, float] = {"usage_bytes": int(usage)}
-        stat = _read(item.mem_stat) if item.mem_stat else None
+        stat = read(item.mem_stat) if item.mem_stat else None
         if stat:
             keys = _MEM_KEYS_V2 if item.mem_v2 else _MEM_KEYS_V1
             inactive = _stat_value(stat, keys[0]) or 0
@@ -376,9 +435,13 @@ class CgroupCollector:
                 out.append({k: v for k, v in tags.items() if k != "node"})
         return out
 
+    def close(self) -> None:
+        self._files.close_all()
+
     def status(self) -> ComponentStatus:
         details: dict[str, object] = {
             "cgroups": len(self._tracked),
+            "open_files": len(self._files.fds),
             "vanished_total": self.vanished_total,
         }
         if self.layout is not None:

@@ -133,6 +133,8 @@ class Agent:
             self._thread.join(timeout=30)
         if self.pods is not None:
             self.pods.stop()
+        if self.cgroups is not None:
+            self.cgroups.close()
         self._flush()
         if self._buffer:
             log.error("exiting with %d samples unwritten: %s", len(self._buffer),

@@ -61,8 +61,9 @@ def test_usage_and_quota_throttling_are_seen(real_cgroups):
     assert quiet.fields.get("throttled_periods", 0) == 0
 
     memory = _by(samples, "container_memory", hog)
-    assert memory.fields["usage_bytes"] > 100_000  # pages the interpreter touched after the move
-    assert 0 < memory.fields["working_set_bytes"] <= memory.fields["usage_bytes"]
+    # A busy loop allocates nothing after the move (v1 does not move earlier charges);
+    # test_memory_limit_is_reported checks that allocated memory is seen.
+    assert 0 <= memory.fields["working_set_bytes"] <= memory.fields["usage_bytes"]
     assert "limit_bytes" not in memory.fields
 
     if collector.layout.unified is not None:  # per-cgroup PSI through the v2 hierarchy

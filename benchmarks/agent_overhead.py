@@ -1,0 +1,178 @@
+"""What the agent costs a node: CPU (% of one core) and RSS while it watches 100 cgroups.
+
+Target (issue #2): under 2% of a core and under 100 MB RSS at a 1 s interval, without eBPF.
+The benchmark creates 100 real cgroups (each with a sleeping process), runs the real
+`sloguard run` against them with the default rules, and samples the agent process with psutil.
+Machines here are noisy, so it also measures, in the same run, the same agent watching no
+cgroups (the fixed cost of the process) and a fixed pure-Python workload (a CPU-speed yardstick),
+and reports ratios against both.
+
+    sudo .venv/bin/python benchmarks/agent_overhead.py [--cgroups 100] [--seconds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from sloguard.collectors.cgroup_layout import detect_layout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _hierarchies() -> list[Path]:
+    layout = detect_layout()
+    roots = [layout.v1[c] for c in ("cpu", "cpuacct", "memory") if c in layout.v1]
+    if layout.unified is not None:
+        roots.append(layout.unified)
+    return list(dict.fromkeys(roots))
+
+
+class BenchCgroups:
+    def __init__(self, count: int) -> None:
+        self.prefix = f"sloguard-bench-{os.getpid()}"
+        self.roots = _hierarchies()
+        self.procs: list[subprocess.Popen] = []
+        for i in range(count):
+            rel = f"{self.prefix}/cg{i:03d}"
+            for root in self.roots:
+                (root / rel).mkdir(parents=True, exist_ok=True)
+            proc = subprocess.Popen(["sleep", "86400"])
+            self.procs.append(proc)
+            for root in self.roots:
+                (root / rel / "cgroup.procs").write_text(str(proc.pid))
+
+    def remove(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+        time.sleep(0.2)
+        for root in self.roots:
+            base = root / self.prefix
+            if base.exists():
+                for child in sorted(base.iterdir()):
+                    if child.is_dir():
+                        child.rmdir()
+                base.rmdir()
+
+
+def _yardstick() -> float:
+    """CPU seconds of a fixed pure-Python workload (file reads and parsing, like a tick)."""
+    start = time.process_time()
+    for _ in range(3000):
+        with open("/proc/self/stat", "rb") as handle:
+            handle.read().split()
+        sorted({f"k{i}": i for i in range(50)}.items())
+    return time.process_time() - start
+
+
+def run_agent(config: Path, seconds: float, label: str) -> dict[str, float]:
+    data = Path(tempfile.mkdtemp(prefix="sloguard-bench-data-"))
+    port = _free_port()
+    binary = shutil.which("sloguard", path=str(Path(sys.executable).parent))
+    proc = subprocess.Popen(
+        [binary, "run", "-c", str(config), "--data-dir", str(data),
+         "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise SystemExit(f"{label}: the agent did not start") from None
+                time.sleep(0.2)
+        agent = psutil.Process(proc.pid)
+        print(f"[{label}] warming up 10 s", file=sys.stderr, flush=True)
+        time.sleep(10)
+        cpu0, wall0 = agent.cpu_times(), time.monotonic()
+        rss_max = 0
+        while (elapsed := time.monotonic() - wall0) < seconds:
+            time.sleep(1)
+            rss_max = max(rss_max, agent.memory_info().rss)
+            if int(elapsed) % 10 == 0:
+                print(f"[{label}] {elapsed:4.0f}/{seconds:.0f} s", file=sys.stderr, flush=True)
+        cpu1, wall1 = agent.cpu_times(), time.monotonic()
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+        written = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                      if line.startswith("sloguard_samples_written_total"))
+        cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+        return {
+            "cpu_percent": 100 * cpu / (wall1 - wall0),
+            "cpu_per_tick_ms": 1000 * cpu / (wall1 - wall0),
+            "rss_mb": agent.memory_info().rss / 1e6,
+            "rss_max_mb": rss_max / 1e6,
+            "samples_written": written,
+        }
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cgroups", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=60)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("creating cgroups needs root")
+    work = Path(tempfile.mkdtemp(prefix="sloguard-bench-"))
+    print(f"creating {args.cgroups} cgroups", file=sys.stderr, flush=True)
+    cgroups = BenchCgroups(args.cgroups)
+    try:
+        loaded = work / "loaded.yaml"
+        loaded.write_text(
+            "collectors:\n  cgroups:\n"
+            f"    include: [{cgroups.prefix}]\n"
+            "    declare:\n"
+            f"      - {{path: '{cgroups.prefix}/cg0*', class: LS}}\n"
+            f"      - {{path: '{cgroups.prefix}/cg[1-9]*', class: BE}}\n"
+        )
+        idle = work / "idle.yaml"
+        idle.write_text("collectors:\n  cgroups:\n    include: []\n")
+        yard_before = _yardstick()
+        with_cgroups = run_agent(loaded, args.seconds, f"{args.cgroups} cgroups")
+        without = run_agent(idle, args.seconds, "no cgroups")
+        yard = (yard_before + _yardstick()) / 2
+    finally:
+        cgroups.remove()
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(f"\nagent at a 1 s interval, default rules, embedded store ({args.seconds:.0f} s "
+          "measured after 10 s warm-up)\n")
+    print(f"| metric | {args.cgroups} cgroups | no cgroups | ratio |")
+    print("|---|---|---|---|")
+    for key, unit in (("cpu_percent", "% of one core"), ("rss_mb", "MB RSS at end"),
+                      ("rss_max_mb", "MB RSS max"), ("samples_written", "samples written")):
+        a, b = with_cgroups[key], without[key]
+        print(f"| {unit} | {a:.2f} | {b:.2f} | {a / b if b else float('nan'):.2f}x |")
+    print(f"| CPU per tick / yardstick ({yard * 1000:.1f} ms) | "
+          f"{with_cgroups['cpu_per_tick_ms'] / 1000 / yard:.2f} | "
+          f"{without['cpu_per_tick_ms'] / 1000 / yard:.2f} | |")
+    ok_cpu = with_cgroups["cpu_percent"] < 2.0
+    ok_rss = with_cgroups["rss_max_mb"] < 100
+    print(f"\ntarget <2% of a core: {'met' if ok_cpu else 'NOT met'}; "
+          f"target <100 MB RSS: {'met' if ok_rss else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
