@@ -106,6 +106,17 @@ def real_cgroups() -> Iterator[RealCgroups]:
         cg.cleanup()
 
 
+@pytest.fixture(scope="session")
+def kube():
+    """A real kube-apiserver (+ etcd, controller-manager) on loopback for this test session."""
+    from support.kubeenv import KubeTestEnv, missing_binaries_message
+
+    missing = missing_binaries_message()
+    need(not missing, missing)
+    with KubeTestEnv() as env:
+        yield env
+
+
 @pytest.fixture
 def sloguard_bin() -> str:
     path = shutil.which("sloguard", path=str(Path(sys.executable).parent))

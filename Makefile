@@ -1,0 +1,44 @@
+# Two entry points for a fresh machine (Debian 12, Python 3.11, root): `make run`, `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: run test install install-test test-deps lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
+
+## The agent with its UI/API on http://127.0.0.1:8080, storing into the embedded store (./data).
+run: $(VENV)/.installed
+	$(BIN)/sloguard run $(ARGS)
+
+## Servers and binaries the tests talk to (a real kube-apiserver, cached after the first build).
+test-deps:
+	bash scripts/kube-testenv.sh
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+
+## The whole suite: lint, then every test against the real components.
+test: install-test test-deps lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: install-test
+	$(BIN)/python benchmarks/agent_overhead.py
+	$(BIN)/python benchmarks/store_choice.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,314 @@
+#!/usr/bin/env bash
+# Build and cache a real Kubernetes control plane for the integration tests.
+#
+# Produces, in ${SLOGUARD_KUBE_CACHE:-/var/cache/sloguard/kube}/bin/:
+#   kube-apiserver, kube-controller-manager  built from Debian bookworm's source package
+#                                            `kubernetes` (upstream v1.20.2 with vendor/)
+#   etcd, etcdctl                            from Debian's etcd-server / etcd-client (dpkg -x)
+#   kubectl                                  from Debian's kubernetes-client (dpkg -x)
+#
+# kubectl is extracted rather than installed with apt: on machines where another package
+# already owns /usr/bin/kubectl (e.g. the Google Cloud SDK's `kubectl`), installing
+# kubernetes-client aborts with a dpkg file conflict.
+#
+# Idempotent: a second run only verifies the cached binaries (checksums and versions).
+# Works without a terminal (CI). Needs root (or sudo) for apt-get install.
+# The apt mirror is read from this machine's own apt sources; the system's apt configuration
+# is never modified (deb-src lines live in a private apt config inside the build dir).
+set -euo pipefail
+
+KUBE_VERSION="v1.20.2"
+KUBE_MAJOR="1"
+KUBE_MINOR="20"
+ETCD_MAJOR_MINOR="3.4"
+SUITE="bookworm"
+CACHE_DIR="${SLOGUARD_KUBE_CACHE:-/var/cache/sloguard/kube}"
+BIN_DIR="${CACHE_DIR}/bin"
+SUMS_FILE="${BIN_DIR}/SHA256SUMS"
+BINARIES=(kube-apiserver kube-controller-manager etcd etcdctl kubectl)
+
+export DEBIAN_FRONTEND=noninteractive
+exec </dev/null
+
+log() { printf '[kube-testenv] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+SUDO=()
+if [[ "$(id -u)" -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1; then
+        SUDO=(sudo -n)
+    fi
+fi
+as_root() {
+    if [[ "$(id -u)" -ne 0 && ${#SUDO[@]} -eq 0 ]]; then
+        die "need root (or passwordless sudo) to run: $*"
+    fi
+    "${SUDO[@]}" "$@"
+}
+
+# --------------------------------------------------------------------------- verification
+# Prints the version check result for one binary; returns non-zero when it does not match.
+check_version() {
+    local name="$1" path="${BIN_DIR}/$1" out
+    [[ -x "${path}" ]] || return 1
+    case "${name}" in
+        kube-apiserver | kube-controller-manager)
+            out="$("${path}" --version 2>&1)" || return 1
+            [[ "${out}" == "Kubernetes ${KUBE_VERSION}" ]] || return 1
+            ;;
+        kubectl)
+            out="$("${path}" version --client --short 2>&1)" || return 1
+            [[ "${out}" == *"${KUBE_VERSION}"* ]] || return 1
+            ;;
+        etcd)
+            out="$("${path}" --version 2>&1)" || return 1
+            [[ "${out}" == *"etcd Version: ${ETCD_MAJOR_MINOR}."* ]] || return 1
+            ;;
+        etcdctl)
+            out="$(ETCDCTL_API=3 "${path}" version 2>&1)" || return 1
+            [[ "${out}" == *"etcdctl version: ${ETCD_MAJOR_MINOR}."* ]] || return 1
+            ;;
+    esac
+}
+
+# Returns 0 when the binary exists, its checksum is recorded and matches, and it runs.
+binary_ok() {
+    local name="$1" want have
+    [[ -f "${SUMS_FILE}" ]] || return 1
+    want="$(awk -v n="${name}" '$2 == n { print $1 }' "${SUMS_FILE}")"
+    [[ -n "${want}" && -x "${BIN_DIR}/${name}" ]] || return 1
+    have="$(sha256sum "${BIN_DIR}/${name}" | awk '{ print $1 }')"
+    [[ "${want}" == "${have}" ]] || return 1
+    check_version "${name}"
+}
+
+record_sum() {
+    local name="$1" tmp
+    tmp="$(mktemp "${BIN_DIR}/.sums.XXXXXX")"
+    { [[ -f "${SUMS_FILE}" ]] && awk -v n="${name}" '$2 != n' "${SUMS_FILE}"; \
+      (cd "${BIN_DIR}" && sha256sum "${name}"); } >"${tmp}" || true
+    chmod 0644 "${tmp}"
+    mv -f "${tmp}" "${SUMS_FILE}"
+}
+
+# Atomically move a freshly produced binary into the cache.
+install_binary() {
+    local src="$1" name="$2"
+    install -m 0755 "${src}" "${BIN_DIR}/.${name}.new"
+    mv -f "${BIN_DIR}/.${name}.new" "${BIN_DIR}/${name}"
+    check_version "${name}" || die "${name} was installed but its version check failed"
+    record_sum "${name}"
+    log "cached ${BIN_DIR}/${name}"
+}
+
+# ------------------------------------------------------------------------- apt mirror URIs
+# Prints "suite uri" pairs for every Debian `deb` source configured on this machine
+# (deb822 .sources files and one-line .list files).
+apt_source_pairs() {
+    local f
+    if [[ -f /etc/apt/sources.list ]]; then
+        awk '
+            /^[[:space:]]*deb[[:space:]]/ {
+                sub(/^[[:space:]]*deb[[:space:]]+/, "")
+                if ($0 ~ /^\[/) { sub(/^\[[^]]*\][[:space:]]*/, "") }
+                print $2, $1
+            }' /etc/apt/sources.list
+    fi
+    for f in /etc/apt/sources.list.d/*.list; do
+        [[ -f "${f}" ]] || continue
+        awk '
+            /^[[:space:]]*deb[[:space:]]/ {
+                sub(/^[[:space:]]*deb[[:space:]]+/, "")
+                if ($0 ~ /^\[/) { sub(/^\[[^]]*\][[:space:]]*/, "") }
+                print $2, $1
+            }' "${f}"
+    done
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [[ -f "${f}" ]] || continue
+        awk '
+            function flush(   i, j, nu, ns, u, s) {
+                if (types ~ /(^|[[:space:]])deb([[:space:]]|$)/ && enabled != "no") {
+                    nu = split(uris, u, /[[:space:]]+/)
+                    ns = split(suites, s, /[[:space:]]+/)
+                    for (i = 1; i <= nu; i++) for (j = 1; j <= ns; j++)
+                        if (u[i] != "" && s[j] != "") print s[j], u[i]
+                }
+                types = ""; uris = ""; suites = ""; enabled = ""
+            }
+            /^[[:space:]]*#/ { next }
+            /^[[:space:]]*$/ { flush(); next }
+            {
+                key = tolower($1); sub(/:$/, "", key)
+                val = $0; sub(/^[^:]*:[[:space:]]*/, "", val)
+                if (key == "types") types = val
+                else if (key == "uris") uris = val
+                else if (key == "suites") suites = val
+                else if (key == "enabled") enabled = tolower(val)
+            }
+            END { flush() }' "${f}"
+    done
+}
+
+# Prints the mirror URI used for the given suite (exact match), or nothing.
+mirror_for_suite() {
+    apt_source_pairs | awk -v s="$1" '$1 == s { print $2; exit }'
+}
+
+# --------------------------------------------------------------------------- installation
+APT_UPDATED=0
+apt_update_once() {
+    if [[ "${APT_UPDATED}" -eq 0 ]]; then
+        log "apt-get update"
+        as_root apt-get update -q >&2
+        APT_UPDATED=1
+    fi
+}
+
+ensure_packages() {
+    local missing=() p
+    for p in "$@"; do
+        if ! dpkg-query -W -f='${Status}' "${p}" 2>/dev/null | grep -q 'install ok installed'; then
+            missing+=("${p}")
+        fi
+    done
+    if [[ ${#missing[@]} -gt 0 ]]; then
+        apt_update_once
+        log "apt-get install ${missing[*]}"
+        as_root apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+    fi
+}
+
+# Downloads Debian binary packages and extracts the named files into the cache.
+# Usage: extract_from_debs "<pkg> <pkg>..." "<name>=<path-in-deb>"...
+extract_from_debs() {
+    local pkgs="$1" spec name rel deb
+    shift
+    local dir="${WORK}/debs"
+    mkdir -p "${dir}/root"
+    apt_update_once
+    # As root apt drops to the _apt user, which cannot write into the private build dir.
+    local sandbox=()
+    [[ "$(id -u)" -ne 0 ]] || sandbox=(-o "APT::Sandbox::User=root")
+    # shellcheck disable=SC2086
+    (cd "${dir}" && apt-get "${sandbox[@]}" download -q ${pkgs} >&2)
+    for deb in "${dir}"/*.deb; do
+        dpkg -x "${deb}" "${dir}/root"
+    done
+    for spec in "$@"; do
+        name="${spec%%=*}"
+        rel="${spec#*=}"
+        [[ -x "${dir}/root/${rel}" ]] || die "${rel} not found in ${pkgs}"
+        install_binary "${dir}/root/${rel}" "${name}"
+    done
+    rm -rf "${dir}"
+}
+
+build_kube() {
+    local targets=("$@") main_uri sec_uri apt_dir src t
+    ensure_packages golang-go rsync make dpkg-dev
+
+    main_uri="$(mirror_for_suite "${SUITE}")"
+    [[ -n "${main_uri}" ]] || die "no apt source for suite '${SUITE}' in /etc/apt"
+    sec_uri="$(mirror_for_suite "${SUITE}-security")"
+    if [[ -z "${sec_uri}" ]]; then
+        log "no ${SUITE}-security source configured; using only ${SUITE}"
+    fi
+
+    apt_dir="${WORK}/apt"
+    mkdir -p "${apt_dir}/lists/partial" "${apt_dir}/archives/partial" "${apt_dir}/parts"
+    {
+        printf 'deb-src %s %s main\n' "${main_uri}" "${SUITE}"
+        [[ -z "${sec_uri}" ]] || printf 'deb-src %s %s main\n' "${sec_uri}" "${SUITE}-security"
+    } >"${apt_dir}/sources.list"
+    local apt_opts=(
+        -o "Dir::Etc::SourceList=${apt_dir}/sources.list"
+        -o "Dir::Etc::SourceParts=${apt_dir}/parts"
+        -o "Dir::State::Lists=${apt_dir}/lists"
+        -o "Dir::Cache=${apt_dir}/cache"
+        -o "Dir::Cache::Archives=${apt_dir}/archives"
+    )
+    [[ "$(id -u)" -ne 0 ]] || apt_opts+=(-o "APT::Sandbox::User=root")
+    log "fetching deb-src indexes (private apt config in ${apt_dir})"
+    apt-get "${apt_opts[@]}" update -q >&2
+    log "downloading source package kubernetes"
+    mkdir -p "${WORK}/src"
+    (cd "${WORK}/src" && apt-get "${apt_opts[@]}" source --download-only -q kubernetes >&2)
+    (cd "${WORK}/src" && dpkg-source --no-check -x ./kubernetes_*.dsc tree >&2)
+    src="${WORK}/src/tree"
+    [[ -f "${src}/Makefile" && -d "${src}/vendor" ]] || die "unexpected source tree in ${src}"
+
+    for t in "${targets[@]}"; do
+        log "building ${t} ${KUBE_VERSION} (takes a few minutes)"
+        (
+            cd "${src}"
+            export CGO_ENABLED=0 GOPROXY=off GOFLAGS=-mod=vendor GO111MODULE=on
+            export GOPATH="${WORK}/gopath" GOCACHE="${WORK}/gocache" HOME="${WORK}/home"
+            export KUBE_GIT_VERSION="${KUBE_VERSION}" KUBE_GIT_TREE_STATE=clean
+            export KUBE_GIT_MAJOR="${KUBE_MAJOR}" KUBE_GIT_MINOR="${KUBE_MINOR}"
+            mkdir -p "${HOME}"
+            make WHAT="cmd/${t}" >&2
+        )
+        local out="${src}/_output/local/bin/linux/amd64/${t}"
+        [[ -x "${out}" ]] || out="${src}/_output/bin/${t}"
+        [[ -x "${out}" ]] || die "make finished but ${t} was not found under ${src}/_output"
+        install_binary "${out}" "${t}"
+    done
+}
+
+# ------------------------------------------------------------------------------------ main
+main() {
+    local start missing=() name
+    start="$(date +%s)"
+    mkdir -p "${BIN_DIR}"
+    exec 9>"${CACHE_DIR}/.lock"
+    flock 9
+
+    for name in "${BINARIES[@]}"; do
+        if binary_ok "${name}"; then
+            log "ok ${name}"
+        else
+            missing+=("${name}")
+        fi
+    done
+    if [[ ${#missing[@]} -eq 0 ]]; then
+        log "all binaries verified in $(($(date +%s) - start)) s"
+        echo "kube test env ready: ${BIN_DIR}"
+        return 0
+    fi
+    log "to produce: ${missing[*]}"
+
+    ensure_packages openssl
+    mkdir -p /var/tmp
+    WORK="$(mktemp -d /var/tmp/sloguard-kube-build.XXXXXX)"
+    # Go's module cache is read-only; make it removable before deleting the build dir.
+    trap 'chmod -R u+w "${WORK}" 2>/dev/null || true; rm -rf "${WORK}"' EXIT
+
+    local kube=() etcd=0 kubectl=0
+    for name in "${missing[@]}"; do
+        case "${name}" in
+            kube-apiserver | kube-controller-manager) kube+=("${name}") ;;
+            etcd | etcdctl) etcd=1 ;;
+            kubectl) kubectl=1 ;;
+        esac
+    done
+    if [[ "${etcd}" -eq 1 ]]; then
+        log "fetching etcd-server and etcd-client"
+        extract_from_debs "etcd-server etcd-client" \
+            "etcd=usr/bin/etcd" "etcdctl=usr/bin/etcdctl"
+    fi
+    if [[ "${kubectl}" -eq 1 ]]; then
+        log "fetching kubernetes-client"
+        extract_from_debs "kubernetes-client" "kubectl=usr/bin/kubectl"
+    fi
+    if [[ ${#kube[@]} -gt 0 ]]; then
+        build_kube "${kube[@]}"
+    fi
+
+    for name in "${BINARIES[@]}"; do
+        binary_ok "${name}" || die "${name} failed verification after the build"
+    done
+    log "done in $(($(date +%s) - start)) s"
+    echo "kube test env ready: ${BIN_DIR}"
+}
+
+main "$@"

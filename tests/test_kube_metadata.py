@@ -1,0 +1,122 @@
+"""Pod names, namespaces, container names and the LS/BE class from a real Kubernetes API,
+attached to samples of real pod cgroups; and collection going on when the API is away."""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+
+from kubernetes import client
+
+from sloguard.agent import Agent
+from sloguard.collectors.cgroups import CgroupCollector
+from sloguard.collectors.kube_pods import PodMetadataCache, load_api_client
+from sloguard.config import CgroupCollectorConfig, load_settings
+from sloguard.store import WindowQuery
+
+NODE = "meta-node"
+
+
+def _pod(core, namespace, name, labels, qos, containers):
+    body = client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, labels=labels),
+        spec=client.V1PodSpec(node_name=NODE, containers=[
+            client.V1Container(name=c, image="registry.invalid/app:1") for c, _ in containers]),
+    )
+    pod = core.create_namespaced_pod(namespace, body)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    statuses = [{
+        "name": c, "containerID": f"containerd://{cid}", "ready": True, "restartCount": 0,
+        "image": "registry.invalid/app:1", "imageID": "", "state": {"running": {"startedAt": now}},
+    } for c, cid in containers]
+    core.patch_namespaced_pod_status(name, namespace, {"status": {
+        "phase": "Running", "qosClass": qos, "containerStatuses": statuses}})
+    return pod.metadata.uid
+
+
+def _setup(kube, real_cgroups):
+    core = client.CoreV1Api(kube.api_client())
+    namespace = f"meta-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    batch_cid, web_cid = uuid.uuid4().hex * 2, uuid.uuid4().hex * 2
+    batch_uid = _pod(core, namespace, "batch-job", {"koordinator.sh/qosClass": "BE"},
+                     "Burstable", [("worker", batch_cid)])
+    web_uid = _pod(core, namespace, "web", {"app": "web"}, "Burstable", [("nginx", web_cid)])
+    other = client.V1Pod(metadata=client.V1ObjectMeta(name="elsewhere"), spec=client.V1PodSpec(
+        node_name="another-node", containers=[client.V1Container(name="c", image="x")]))
+    core.create_namespaced_pod(namespace, other)
+    batch = real_cgroups.create(f"kubepods/burstable/pod{batch_uid}/{batch_cid}")
+    web = real_cgroups.create(f"kubepods/burstable/pod{web_uid}/{web_cid}")
+    real_cgroups.spawn(batch, "import time\ntime.sleep(60)")
+    real_cgroups.spawn(web, "import time\ntime.sleep(60)")
+    return namespace, batch, web
+
+
+def test_samples_carry_pod_metadata_and_koordinator_class(kube, real_cgroups):
+    namespace, batch, web = _setup(kube, real_cgroups)
+    cache = PodMetadataCache(load_api_client(kube.kubeconfig_path()), NODE, refresh_s=3600)
+    cache.refresh()
+    assert cache.status().ok and cache.status().details["pods"] == 2  # only this node's
+    collector = CgroupCollector(
+        NODE, CgroupCollectorConfig(include=[f"{real_cgroups.prefix}/kubepods"]),
+        pod_lookup=cache.get)
+    collector.collect(time.time_ns())
+    time.sleep(0.2)
+    samples = collector.collect(time.time_ns())
+    tags = {s.tags["cgroup"]: s.tags for s in samples if s.measurement == "container_memory"}
+    be = tags[f"/{batch}"]
+    assert (be["pod"], be["namespace"], be["container"], be["class"], be["qos"]) == (
+        "batch-job", namespace, "worker", "BE", "burstable")  # the label beats the QoS tier
+    ls = tags[f"/{web}"]
+    assert (ls["pod"], ls["container"], ls["class"]) == ("web", "nginx", "LS")
+    pod_level = tags["/" + web.rsplit("/", 1)[0]]
+    assert pod_level["level"] == "pod" and pod_level["pod"] == "web"
+    assert "container" not in pod_level
+
+
+def test_agent_uses_the_api_when_configured(kube, real_cgroups, tmp_path):
+    namespace, batch, _ = _setup(kube, real_cgroups)
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"node_name: {NODE}\n"
+        f"kubernetes: {{enabled: true, kubeconfig: '{kube.kubeconfig_path()}'}}\n"
+        f"collectors: {{cgroups: {{include: ['{real_cgroups.prefix}/kubepods']}}}}\n"
+    )
+    agent = Agent(load_settings(config, {"data_dir": ("--data-dir", tmp_path / "d")}).settings)
+    try:
+        agent.pods.refresh()
+        agent.tick()
+        frame = agent.store.read(WindowQuery(
+            "container_memory", time.time_ns() - 60 * 10**9, time.time_ns(),
+            fields=("usage_bytes",)))
+        row = frame[frame["cgroup"] == f"/{batch}"].iloc[0]
+        assert (row["pod"], row["namespace"], row["class"]) == ("batch-job", namespace, "BE")
+        kube_status = next(c for c in agent.components() if c.name == "kubernetes")
+        assert kube_status.ok
+    finally:
+        agent.stop()
+
+
+def test_unreachable_api_is_reported_and_collection_goes_on(real_cgroups, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{server: 'https://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    uid, cid = str(uuid.uuid4()), uuid.uuid4().hex * 2
+    rel = real_cgroups.create(f"kubepods/besteffort/pod{uid}/{cid}")
+    cache = PodMetadataCache(load_api_client(str(kubeconfig)), NODE, refresh_s=3600)
+    cache.refresh()
+    assert not cache.status().ok and "listing pods failed" in cache.status().reason
+    collector = CgroupCollector(
+        NODE, CgroupCollectorConfig(include=[f"{real_cgroups.prefix}/kubepods"]),
+        pod_lookup=cache.get)
+    samples = collector.collect(time.time_ns())
+    tags = next(s.tags for s in samples if s.tags["cgroup"] == f"/{rel}")
+    assert tags["class"] == "BE" and tags["pod_uid"] == uid and "pod" not in tags
