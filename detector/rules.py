@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from sloguard.config import Duration, yaml_line_map
+from sloguard.config import Duration
 from sloguard.selectors import Selector, parse_selector
 from sloguard.store import check_aggregation
+from sloguard.yamlfile import YamlFileError, nearest_line, read_yaml
 
 log = logging.getLogger(__name__)
 
@@ -106,16 +106,9 @@ class RuleFileError(Exception):
 def load_rule_file(path: Path, validate_params: Any = None) -> list[LoadedRule]:
     """Parse one file; raise RuleFileError with `file:line: field: problem` lines."""
     try:
-        text = path.read_text()
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        document = yaml.safe_load(text)
-    except OSError as exc:
-        raise RuleFileError(f"{path}: cannot read: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise RuleFileError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
-    lines = yaml_line_map(node)
+        document, lines = read_yaml(path)
+    except YamlFileError as exc:
+        raise RuleFileError(str(exc)) from exc
     if document is None:
         return []
     try:
@@ -124,7 +117,7 @@ def load_rule_file(path: Path, validate_params: Any = None) -> list[LoadedRule]:
         problems = []
         for error in exc.errors():
             loc = tuple(str(p) for p in error["loc"])
-            line = next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), 1)
+            line = nearest_line(lines, loc)
             msg = error["msg"].removeprefix("Value error, ")
             if error["type"] == "extra_forbidden":
                 msg = "unknown field"

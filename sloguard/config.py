@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -26,6 +25,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from sloguard.units import parse_duration, parse_size
+from sloguard.yamlfile import YamlFileError, read_yaml
 
 ENV_PREFIX = "SLOGUARD_"
 ENV_NESTED = "__"
@@ -206,43 +206,15 @@ class LoadedSettings:
 
 def _yaml_document(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from exc
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{where}: invalid YAML: {problem}") from exc
+        document, lines = read_yaml(path)
+    except YamlFileError as exc:
+        raise ConfigError(str(exc).replace(": cannot read:", ": cannot read config file:")) \
+            from exc
     if document is None:
         return {}, {}
     if not isinstance(document, dict):
         raise ConfigError(f"{path}:1: the config file must be a mapping of settings")
-    return document, yaml_line_map(node)
-
-
-def yaml_line_map(node: yaml.Node | None) -> dict[tuple[str, ...], int]:
-    """Map each key path of a composed YAML document to its 1-based line number."""
-    lines: dict[tuple[str, ...], int] = {}
-
-    def walk(current: yaml.Node, path: tuple[str, ...]) -> None:
-        if isinstance(current, yaml.MappingNode):
-            for key, value in current.value:
-                child = (*path, str(key.value))
-                lines[child] = key.start_mark.line + 1
-                walk(value, child)
-        elif isinstance(current, yaml.SequenceNode):
-            for index, item in enumerate(current.value):
-                child = (*path, str(index))
-                lines[child] = item.start_mark.line + 1
-                walk(item, child)
-
-    if node is not None:
-        walk(node, ())
-    return lines
+    return document, lines
 
 
 def _env_keys() -> dict[tuple[str, ...], str]:

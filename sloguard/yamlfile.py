@@ -1,0 +1,54 @@
+"""YAML files read with the line of every key, so errors can point at the line to fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class YamlFileError(Exception):
+    """The file cannot be read or parsed; the message starts with `file:line:`."""
+
+
+def read_yaml(path: Path) -> tuple[Any, dict[tuple[str, ...], int]]:
+    """The parsed document and a map from each key path to its 1-based line."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise YamlFileError(f"{path}: cannot read: {exc.strerror}") from exc
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise YamlFileError(f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}") \
+            from exc
+    return document, line_map(node)
+
+
+def line_map(node: yaml.Node | None) -> dict[tuple[str, ...], int]:
+    lines: dict[tuple[str, ...], int] = {}
+
+    def walk(current: yaml.Node, path: tuple[str, ...]) -> None:
+        if isinstance(current, yaml.MappingNode):
+            for key, value in current.value:
+                child = (*path, str(key.value))
+                lines[child] = key.start_mark.line + 1
+                walk(value, child)
+        elif isinstance(current, yaml.SequenceNode):
+            for index, item in enumerate(current.value):
+                child = (*path, str(index))
+                lines[child] = item.start_mark.line + 1
+                walk(item, child)
+
+    if node is not None:
+        walk(node, ())
+    return lines
+
+
+def nearest_line(lines: dict[tuple[str, ...], int], loc: tuple[str, ...]) -> int:
+    """The line of `loc`, or of its closest enclosing key (for missing or unknown fields)."""
+    return next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), 1)
