@@ -10,6 +10,7 @@ rule that fails (bad data, a detector error) is recorded on that rule and the ot
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -48,7 +49,6 @@ class IncidentActuator(Protocol):
 @dataclass
 class AlertState:
     incident: Incident
-    detector: Any
     recover_since_ns: int | None = None
 
 
@@ -75,34 +75,42 @@ class Engine:
     states: dict[tuple[str, SeriesKey], AlertState] = field(default_factory=dict)
     status: dict[str, RuleStatus] = field(default_factory=dict)
     _due: dict[str, int] = field(default_factory=dict)
+    # (rule key, series) -> (the rule spec it was built from, detector)
+    _detectors: dict[tuple[str, SeriesKey], tuple[Any, Any]] = field(default_factory=dict)
+    _unsaved: dict[str, Incident] = field(default_factory=dict)
 
     def restore(self) -> int:
-        """Adopt this node's open incidents from before a restart."""
+        """Adopt this node's open incidents from before a restart, once their rule is loaded.
+
+        Incidents whose rule is not loaded stay open untouched (a rule file may be broken right
+        now); `evaluate` resolves them only when the rules loaded cleanly without that rule.
+        Pending incidents are dropped: their `for` clock would span the downtime.
+        """
         restored = 0
         by_key = {rule.key: rule for rule in self.rules.rules}
+        adopted = {state.incident.id for state in self.states.values()}
         for incident in self.incidents.open_incidents():
-            if incident.node != self.node:
+            if incident.node != self.node or incident.id in adopted:
                 continue
             key = f"{incident.group}/{incident.rule}"
-            rule = by_key.get(key)
-            if rule is None:
-                self._resolve(incident, time.time_ns(), "rule no longer loaded")
+            if key not in by_key:
                 continue
-            detector = make_detector(rule.spec.detector, rule.spec.params)
-            if incident.state == FIRING:
-                detector.active = True
+            if incident.state == PENDING:
+                self.incidents.delete(incident.id)
+                continue
             series = tuple(sorted(incident.series.items()))
-            self.states[(key, series)] = AlertState(incident, detector)
+            self.states[(key, series)] = AlertState(incident)
             restored += 1
         return restored
 
     def evaluate(self, now_ns: int) -> None:
+        self._retry_saves()
         active_rules = self.rules.rules
         keys = {rule.key for rule in active_rules}
         for rule in active_rules:
             status = self.status.setdefault(rule.key, RuleStatus(rule.key, rule.source))
             status.source = rule.source
-            interval = self._group_interval(rule)
+            interval = int((rule.interval or 0) * 1e9)
             if interval and now_ns < self._due.get(rule.key, 0):
                 continue
             self._due[rule.key] = now_ns + interval
@@ -121,17 +129,19 @@ class Engine:
             status.evaluations += 1
             status.last_eval_ns = now_ns
             status.last_duration_s = time.perf_counter() - started
-        for (rule_key, series), state in list(self.states.items()):
-            if rule_key not in keys:
-                self._resolve(state.incident, now_ns, "rule no longer loaded")
-                del self.states[(rule_key, series)]
+        if not self.rules.errors:  # a rule gone from cleanly loaded files: end its incidents
+            for (rule_key, series), state in list(self.states.items()):
+                if rule_key not in keys:
+                    del self.states[(rule_key, series)]
+                    self._resolve(state.incident, now_ns, "rule no longer loaded")
+            for incident in self.incidents.open_incidents():
+                if incident.node == self.node and f"{incident.group}/{incident.rule}" not in keys:
+                    self._resolve(incident, now_ns, "rule no longer loaded")
         for key in list(self.status):
             if key not in keys:
                 del self.status[key]
-
-    @staticmethod
-    def _group_interval(rule: LoadedRule) -> int:
-        return int((rule.interval or 0) * 1e9)
+        for key in [k for k in self._detectors if k[0] not in keys]:
+            del self._detectors[key]
 
     def _values(self, rule: LoadedRule, now_ns: int) -> dict[SeriesKey, float]:
         spec = rule.spec
@@ -166,43 +176,56 @@ class Engine:
         return loaded
 
     def _step_rule(self, rule: LoadedRule, values: dict[SeriesKey, float], now_ns: int) -> None:
-        for series in set(values) | {s for (k, s) in self.states if k == rule.key}:
+        open_series = {s for (k, s) in self.states if k == rule.key}
+        for series in set(values) | open_series:
             self._step(rule, series, values.get(series, math.nan), now_ns)
+        for key in [k for k in self._detectors
+                    if k[0] == rule.key and k[1] not in values and k[1] not in open_series]:
+            del self._detectors[key]  # the series went away: forget its detector
+
+    def _detector(self, rule: LoadedRule, series: SeriesKey) -> Any:
+        """The series' detector, rebuilt when the rule's parameters changed on reload."""
+        key = (rule.key, series)
+        entry = self._detectors.get(key)
+        if entry is None or entry[0] != rule.spec:
+            entry = self._detectors[key] = (rule.spec, make_detector(rule.spec.detector,
+                                                                     rule.spec.params))
+        return entry[1]
 
     def _step(self, rule: LoadedRule, series: SeriesKey, value: float, now_ns: int) -> None:
         spec, key = rule.spec, (rule.key, series)
-        state = self.states.get(key)
-        detector = state.detector if state else make_detector(spec.detector, spec.params)
-        verdict = detector.update(value)
+        verdict = self._detector(rule, series).update(value)
         shown = None if math.isnan(value) else float(value)
+        state = self.states.get(key)
         if state is None:
-            if verdict.active:
+            if verdict.crossed:
                 incident = self._open(rule, series, shown, verdict.threshold, now_ns)
-                state = self.states[key] = AlertState(incident, detector)
+                state = self.states[key] = AlertState(incident)
                 self._maybe_fire(rule, state, shown, now_ns)
             return
         incident = state.incident
         if incident.state == PENDING:
-            if verdict.active:
+            if verdict.crossed:  # pending needs the condition to hold throughout `for`
                 incident.add_evidence(Evidence(now_ns, shown, verdict.threshold))
                 self._maybe_fire(rule, state, shown, now_ns)
             else:
-                self.incidents.delete(incident.id)
                 del self.states[key]
+                self._unsaved.pop(incident.id, None)
+                self.incidents.delete(incident.id)
             return
-        if verdict.active:
+        if not verdict.recovered:  # firing, or back above the recover bound: hold restarts
             state.recover_since_ns = None
             incident.add_evidence(Evidence(now_ns, shown, verdict.threshold))
             incident.updated_ns = now_ns
-            self.incidents.save(incident)
+            self._save(incident)
             return
         if state.recover_since_ns is None:
             state.recover_since_ns = now_ns
         if now_ns - state.recover_since_ns >= spec.recover_for * 1e9:
             note = "no data" if shown is None else "recovered"
             incident.add_evidence(Evidence(now_ns, shown, verdict.threshold, note))
-            self._resolve(incident, now_ns, note)
             del self.states[key]
+            self._resolve(incident, now_ns, note)
 
     def _open(
         self, rule: LoadedRule, series: SeriesKey, value: float | None,
@@ -237,7 +260,7 @@ class Engine:
             incident.fired_ns = now_ns
             incident.actions.extend(self.actuator.on_firing(incident, now_ns))
             log.warning("incident %s firing: %s", incident.id, incident.summary)
-        self.incidents.save(incident)
+        self._save(incident)
 
     def _resolve(self, incident: Incident, now_ns: int, note: str) -> None:
         incident.state = RESOLVED
@@ -246,19 +269,43 @@ class Engine:
         if note != "recovered":
             incident.annotations["resolved_because"] = note
         incident.actions.extend(self.actuator.on_resolved(incident, now_ns))
-        self.incidents.save(incident)
+        self._save(incident)
         log.info("incident %s resolved (%s)", incident.id, note)
+
+    def _save(self, incident: Incident) -> None:
+        """Persist, or keep the incident to retry next tick: a full disk must not lose it."""
+        try:
+            self.incidents.save(incident)
+        except Exception as exc:
+            if incident.id not in self._unsaved:
+                log.error("saving incident %s failed, will retry: %s", incident.id, exc)
+            self._unsaved[incident.id] = incident
+        else:
+            self._unsaved.pop(incident.id, None)
+
+    def _retry_saves(self) -> None:
+        for incident in list(self._unsaved.values()):
+            self._save(incident)
+
+    @property
+    def unsaved(self) -> int:
+        return len(self._unsaved)
 
 
 def aggregate(times: list[int], values: list[float], how: str) -> float:
     """The rule's aggregate over one series' window; NaN when it cannot be computed."""
-    values = [v for v in values if not math.isnan(v)]
+    if any(math.isnan(v) for v in values):
+        pairs = [(t, v) for t, v in zip(times, values, strict=True) if not math.isnan(v)]
+        times, values = [t for t, _ in pairs], [v for _, v in pairs]
     if not values:
         return math.nan
-    if how == "rate":  # per-second increase of a counter; a reset gives no value
-        if len(values) < 2 or values[-1] < values[0]:
+    if how == "rate":  # per-second increase of a counter, across resets (as Prometheus does)
+        if len(values) < 2 or times[-1] <= times[0]:
             return math.nan
-        return (values[-1] - values[0]) / ((times[-1] - times[0]) / 1e9)
+        increase = 0.0
+        for before, after in itertools.pairwise(values):
+            increase += after - before if after >= before else after  # a drop is a reset
+        return increase / ((times[-1] - times[0]) / 1e9)
     if how == "mean":
         return math.fsum(values) / len(values)
     if how in ("min", "max"):

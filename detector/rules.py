@@ -25,7 +25,7 @@ disarms the guardrail.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -110,7 +110,8 @@ def load_rule_file(path: Path, validate_params: Any = None) -> list[LoadedRule]:
     except YamlFileError as exc:
         raise RuleFileError(str(exc)) from exc
     if document is None:
-        return []
+        raise RuleFileError(
+            f"{path}:1: the file is empty; a rule file defines `groups:` (`groups: []` for none)")
     try:
         spec = RuleFileSpec.model_validate(document)
     except ValidationError as exc:
@@ -142,41 +143,73 @@ def load_rule_file(path: Path, validate_params: Any = None) -> list[LoadedRule]:
     return rules
 
 
-@dataclass
 class RuleSet:
-    """The active rules, reloaded per file; a broken file keeps its last good rules."""
+    """The active rules, reloaded per file.
 
-    paths: list[str]
-    validate_params: Any = None
-    by_file: dict[str, list[LoadedRule]] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)
-    _mtimes: dict[str, float] = field(default_factory=dict)
+    A file that fails to load keeps its last good rules; so does every file under a configured
+    path that has disappeared (an unmounted ConfigMap), while a file removed from a directory
+    that is still there takes its rules with it. `reload` runs on the agent's loop; readers on
+    other threads get immutable snapshots through `rules` and `errors`.
+    """
 
-    def files(self) -> list[Path]:
-        out: list[Path] = []
+    def __init__(self, paths: list[str], validate_params: Any = None) -> None:
+        self.paths = paths
+        self.validate_params = validate_params
+        self.by_file: dict[str, list[LoadedRule]] = {}
+        self._file_errors: dict[str, str] = {}
+        self._mtimes: dict[str, float] = {}
+        self._active: tuple[LoadedRule, ...] = ()
+        self._errors: dict[str, str] = {}
+
+    @property
+    def rules(self) -> list[LoadedRule]:
+        return list(self._active)
+
+    @property
+    def errors(self) -> dict[str, str]:
+        return dict(self._errors)
+
+    def files(self) -> tuple[list[Path], dict[str, str], set[str]]:
+        """Rule files found, errors of configured paths, and the paths that could not be read."""
+        found: list[Path] = []
+        errors: dict[str, str] = {}
+        unreadable: set[str] = set()
         for entry in self.paths:
             path = Path(entry)
-            if path.is_dir():
-                out.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml")))
-            else:
-                out.append(path)
-        return out
+            try:
+                if path.is_dir():
+                    found.extend(sorted(p for p in path.iterdir()
+                                        if p.suffix in (".yaml", ".yml") and p.is_file()))
+                elif path.exists():
+                    found.append(path)
+                else:
+                    errors[entry] = f"{entry}: does not exist; keeping the rules loaded from it"
+                    unreadable.add(entry)
+            except OSError as exc:
+                errors[entry] = f"{entry}: cannot list: {exc.strerror}; keeping its rules"
+                unreadable.add(entry)
+        return found, errors, unreadable
 
     def reload(self) -> bool:
         """Load changed files; return True when the active rules changed."""
         changed = False
-        current = {str(p): p for p in self.files()}
+        found, path_errors, unreadable = self.files()
+        current = {str(p): p for p in found}
         for name in list(self.by_file):
-            if name not in current:
+            kept = any(name == u or name.startswith(u.rstrip("/") + "/") for u in unreadable)
+            if name not in current and not kept:
                 del self.by_file[name]
                 self._mtimes.pop(name, None)
-                self.errors.pop(name, None)
+                self._file_errors.pop(name, None)
                 changed = True
+        for name in list(self._file_errors):
+            if name not in current and name not in self.by_file:
+                del self._file_errors[name]
         for name, path in current.items():
             try:
                 mtime = path.stat().st_mtime
             except OSError as exc:
-                self.errors[name] = f"{name}: cannot read: {exc.strerror}"
+                self._file_errors[name] = f"{name}: cannot read: {exc.strerror}"
                 continue
             if self._mtimes.get(name) == mtime:
                 continue
@@ -184,25 +217,25 @@ class RuleSet:
             try:
                 rules = load_rule_file(path, self.validate_params)
             except RuleFileError as exc:
-                self.errors[name] = str(exc)
+                self._file_errors[name] = str(exc)
                 kept = len(self.by_file.get(name, []))
                 log.error("rule file rejected, keeping its %d previous rules:\n%s", kept, exc)
                 continue
-            self.errors.pop(name, None)
+            self._file_errors.pop(name, None)
             self.by_file[name] = rules
             changed = True
             log.info("loaded %d rules from %s", len(rules), name)
-        return changed
-
-    @property
-    def rules(self) -> list[LoadedRule]:
-        out: list[LoadedRule] = []
-        seen: set[str] = set()
+        active: list[LoadedRule] = []
+        errors = {**path_errors, **self._file_errors}
+        seen: dict[str, str] = {}
         for name in sorted(self.by_file):
             for rule in self.by_file[name]:
                 if rule.key in seen:
-                    self.errors[name] = f"{rule.source}: rule {rule.key} is already defined"
+                    errors[name] = (f"{rule.source}: rule {rule.key} is already defined at "
+                                    f"{seen[rule.key]}; this one is ignored")
                     continue
-                seen.add(rule.key)
-                out.append(rule)
-        return out
+                seen[rule.key] = rule.source
+                active.append(rule)
+        self._active = tuple(active)
+        self._errors = errors
+        return changed

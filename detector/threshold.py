@@ -13,7 +13,15 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    active: bool
+    """What one value means for an alert.
+
+    `crossed`: past the firing bound (starts pending, keeps pending). `recovered`: past the
+    recover bound (counts toward `recover_for` of a firing alert). Between the two bounds a
+    firing alert stays firing and a pending one is cancelled: the hysteresis band.
+    """
+
+    crossed: bool
+    recovered: bool
     threshold: float | None
 
 
@@ -41,17 +49,14 @@ class Threshold:
             self.upward
         )):
             raise ValueError("use recover_below with above, recover_above with below")
-        self.active = False
 
     def update(self, value: float) -> Verdict:
-        """Missing data (NaN) never activates; it counts as recovered for an active one."""
+        """Missing data (NaN) never crosses; it counts as recovered (the series went away)."""
         if value is None or math.isnan(value):
-            self.active = False
-        elif self.upward:
-            self.active = value > self.bound if not self.active else value > self.recover
-        else:
-            self.active = value < self.bound if not self.active else value < self.recover
-        return Verdict(self.active, self.bound)
+            return Verdict(False, True, self.bound)
+        if self.upward:
+            return Verdict(value > self.bound, value <= self.recover, self.bound)
+        return Verdict(value < self.bound, value >= self.recover, self.bound)
 
 
 DETECTORS = {"threshold": Threshold}

@@ -117,9 +117,6 @@ class Agent:
 
     def start(self) -> None:
         self._reload_rules()
-        restored = self.engine.restore()
-        if restored:
-            log.info("continuing %d open incidents from before the restart", restored)
         if self.pods is not None:
             self.pods.start()
         self._thread = threading.Thread(target=self._loop, name="agent-loop", daemon=True)
@@ -200,6 +197,9 @@ class Agent:
             if backfilled:
                 log.info("backfilled %d samples of new rules' windows from the store",
                          backfilled)
+            restored = self.engine.restore()  # incidents whose rule is (again) loaded
+            if restored:
+                log.info("continuing %d open incidents from before the restart", restored)
         self._next_reload = time.monotonic() + RULE_RELOAD_S
 
     def _enqueue(self, samples: list[Sample]) -> None:
@@ -250,12 +250,14 @@ class Agent:
             store.ok, store.reason = False, self._store_error
         store.details["buffered_samples"] = len(self._buffer)
         out.append(store)
-        rule_errors = dict(self.rules.errors)
+        rule_errors = self.rules.errors
+        loaded = len(self.rules.rules)
+        reason = "; ".join(rule_errors.values())[:2000] or (
+            "" if loaded else f"no rules loaded from {', '.join(self.rules.paths) or '(none)'}")
         out.append(ComponentStatus(
-            "rules", ok=not rule_errors,
-            reason="; ".join(rule_errors.values())[:2000],
-            details={"loaded": len(self.rules.rules), "files": [str(p) for p in
-                                                                  self.rules.files()]},
+            "rules", ok=not rule_errors and loaded > 0, reason=reason,
+            details={"loaded": loaded, "paths": list(self.rules.paths),
+                     "unsaved_incidents": self.engine.unsaved},
         ))
         if self.settings.kubernetes.enabled:
             if self.pods is not None:
@@ -270,7 +272,10 @@ class Agent:
         return out
 
     def ready(self) -> bool:
-        """Ready when the loop runs and the store takes writes; collectors report separately."""
-        by_name = {c.name: c for c in self.components()}
-        store_ok = all(c.ok for n, c in by_name.items() if n.startswith("store:"))
-        return self.alive() and store_ok
+        """Ready when the loop runs, the store takes writes and the rules loaded cleanly.
+
+        Collectors and Kubernetes report separately: a node without PSI still guards.
+        """
+        essential = [c.ok for c in self.components()
+                     if c.name.startswith("store:") or c.name == "rules"]
+        return self.alive() and all(essential)

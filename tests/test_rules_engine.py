@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import textwrap
 
 import pytest
@@ -41,11 +42,11 @@ groups:
 
 def test_threshold_hysteresis_and_nan():
     t = Threshold({"above": 10, "recover_below": 5})
-    assert [t.update(v).active for v in (5, 11, 7, 6, 4, 7, 11)] == [
-        False, True, True, True, False, False, True]
-    assert t.update(math.nan).active is False
-    low = make_detector("threshold", {"below": 1})
-    assert low.update(0.5).active and not low.update(2).active
+    assert [(t.update(v).crossed, t.update(v).recovered) for v in (11, 7, 5, 4)] == [
+        (True, False), (False, False), (False, True), (False, True)]  # 7: the hysteresis band
+    assert (t.update(math.nan).crossed, t.update(math.nan).recovered) == (False, True)
+    low = make_detector("threshold", {"below": 1, "recover_above": 2})
+    assert low.update(0.5).crossed and not low.update(1.5).recovered and low.update(2).recovered
     for bad in ({}, {"above": 1, "below": 2}, {"above": "x"}, {"above": 1, "recover_below": 2},
                 {"above": 1, "recover_above": 0}, {"above": 1, "bogus": 1}):
         with pytest.raises(ValueError):
@@ -77,7 +78,6 @@ def test_broken_file_keeps_previous_rules(tmp_path):
     rules = RuleSet([str(tmp_path)])
     assert rules.reload() and [r.key for r in rules.rules] == ["ls/LSSlow"]
     path.write_text("groups: [ {name: x, rules: [ {alert: A} ] } ]\n")
-    import os
     os.utime(path, (1, 1))  # a new mtime even within the same second
     assert not rules.reload()
     assert [r.key for r in rules.rules] == ["ls/LSSlow"]  # still armed
@@ -235,7 +235,9 @@ def test_aggregates_match_pandas():
                           ("first", 3.0), ("last", 6.0)):
         assert math.isclose(aggregate(times, values, how), expected), how
     assert aggregate(times[:3], [10.0, 20.0, 40.0], "rate") == 15.0
-    assert math.isnan(aggregate(times[:2], [10.0, 5.0], "rate"))  # counter reset
+    assert aggregate(times[:4], [100.0, 200.0, 0.0, 150.0], "rate") == 250 / 3  # across a reset
+    assert aggregate(times[:3], [math.nan, 10.0, 20.0], "rate") == 10.0  # NaN dropped with its time
+    assert math.isnan(aggregate(times[:1], [10.0], "rate"))
     assert math.isnan(aggregate([], [], "mean"))
     assert aggregate(times[:2], [math.nan, 2.0], "mean") == 2.0
 
@@ -252,3 +254,119 @@ def test_series_are_independent(tmp_path):
 def test_render():
     assert render("{{ $labels.a }}={{$value}}", {"a": "x"}, 1.23456) == "x=1.235"
     assert render("{{ $labels.missing }}|{{ $value }}", {}, None) == "|n/a"
+
+
+def test_pending_needs_the_firing_bound_throughout(tmp_path):
+    h = _Harness(tmp_path)
+    h.at(0, 30.0)
+    h.at(1, 7.0)  # inside the hysteresis band: not past `above`, so pending is cancelled
+    assert h.all() == []
+    for second in range(2, 6):
+        h.at(second, 7.0)
+    assert h.all() == []
+
+
+def test_recovery_hold_restarts_when_the_value_climbs_back(tmp_path):
+    h = _Harness(tmp_path)
+    for second in range(4):
+        h.at(second, 30.0)
+    assert h.all()[0].state == FIRING
+    h.at(4, 3.0)  # recovered: hold starts
+    h.at(5, 7.0)  # back in the band: not recovered, hold restarts
+    h.at(6, 7.0)
+    h.at(7, 3.0)
+    h.at(8, 3.0)
+    assert h.all()[0].state == FIRING
+    h.at(9, 3.0)
+    [incident] = h.all()
+    assert incident.state == RESOLVED and incident.resolved_ns == T0 + 9 * S
+
+
+def test_changed_parameters_apply_to_open_alerts(tmp_path):
+    h = _Harness(tmp_path)
+    for second in range(4):
+        h.at(second, 30.0)
+    assert h.all()[0].state == FIRING
+    path = tmp_path / "rules" / "r.yaml"
+    path.write_text(RULES.replace("{above: 10, recover_below: 5}",
+                                  "{above: 100, recover_below: 50}"))
+    os.utime(path, (5, 5))
+    assert h.rules.reload()
+    for second in range(4, 7):
+        h.at(second, 30.0)  # now below the new recover bound
+    assert h.all()[0].state == RESOLVED
+
+
+def test_a_failed_save_is_retried_and_the_alert_can_fire_again(tmp_path):
+    h = _Harness(tmp_path)
+    for second in range(4):
+        h.at(second, 30.0)
+    real_save, failures = h.incidents.save, []
+
+    def flaky_save(incident):
+        if not failures:
+            failures.append(incident.id)
+            raise OSError("disk full")
+        real_save(incident)
+
+    h.incidents.save = flaky_save
+    for second in range(4, 7):
+        h.at(second, 1.0)  # resolves at 6; that save fails once
+    assert h.engine.unsaved == 1 and h.all()[0].state == FIRING  # not yet on disk
+    h.at(7, 1.0)  # retried
+    assert h.engine.unsaved == 0 and h.all()[0].state == RESOLVED
+    for second in range(8, 12):
+        h.at(second, 30.0)
+    assert [i.state for i in h.all()] == [FIRING, RESOLVED]  # a new incident, not a zombie
+
+
+def test_broken_or_empty_rule_files_keep_incidents_and_rules(tmp_path):
+    h = _Harness(tmp_path)
+    for second in range(4):
+        h.at(second, 30.0)
+    path = tmp_path / "rules" / "r.yaml"
+    path.write_text("")  # a truncated write
+    os.utime(path, (5, 5))
+    h.rules.reload()
+    assert "empty" in h.rules.errors[str(path)]
+    assert [r.key for r in h.rules.rules] == ["ls/LSSlow"]
+    h.at(4, 30.0)
+    assert h.all()[0].state == FIRING
+    # A restart while the file is broken: the incident stays open, and is adopted once the
+    # file is fixed.
+    h.incidents.close()
+    h.open()
+    assert h.rules.rules == [] and h.rules.errors
+    h.at(5, 30.0)
+    assert h.all()[0].state == FIRING and h.engine.states == {}
+    path.write_text(RULES)
+    os.utime(path, (6, 6))
+    h.rules.reload()
+    assert h.engine.restore() == 1
+    h.at(6, 30.0)
+    assert [i.state for i in h.all()] == [FIRING]
+    path.unlink()  # a file removed on purpose: its rules and incidents go
+    h.rules.reload()
+    h.at(7, 30.0)
+    assert [i.state for i in h.all()] == [RESOLVED]
+
+
+def test_missing_rules_directory_keeps_the_rules(tmp_path):
+    h = _Harness(tmp_path)
+    for second in range(4):
+        h.at(second, 30.0)
+    (tmp_path / "rules" / "r.yaml").rename(tmp_path / "r.yaml")
+    (tmp_path / "rules").rmdir()  # an unmounted ConfigMap
+    h.rules.reload()
+    assert "does not exist" in h.rules.errors[str(tmp_path / "rules")]
+    h.at(4, 30.0)
+    assert [r.key for r in h.rules.rules] == ["ls/LSSlow"] and h.all()[0].state == FIRING
+
+
+def test_restart_drops_pending_incidents(tmp_path):
+    h = _Harness(tmp_path)
+    h.at(0, 30.0)
+    assert h.all()[0].state == PENDING
+    h.incidents.close()
+    h.open()
+    assert h.all() == []

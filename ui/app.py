@@ -97,16 +97,16 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
 
     @app.get("/api/rules", tags=["rules"])
     def rules() -> dict[str, Any]:
-        status = agent.engine.status
+        rules = []
+        for r in agent.rules.rules:
+            status = agent.engine.status.get(r.key)
+            rules.append({
+                "key": r.key, "source": r.source, "spec": r.spec.model_dump(by_alias=True),
+                "last_eval_ns": status.last_eval_ns if status else None,
+                "error": status.error if status else "",
+            })
         return {
-            "rules": [
-                {
-                    "key": r.key, "source": r.source, "spec": r.spec.model_dump(by_alias=True),
-                    "last_eval_ns": status[r.key].last_eval_ns if r.key in status else None,
-                    "error": status[r.key].error if r.key in status else "",
-                }
-                for r in agent.rules.rules
-            ],
+            "rules": rules,
             "file_errors": agent.rules.errors,
         }
 
