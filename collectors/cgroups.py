@@ -179,6 +179,8 @@ class CgroupCollector:
         self._next_discovery = 0.0
         self.vanished_total = 0
         self.discoveries = 0
+        self.tracked = 0
+        self._workloads: tuple[dict[str, str], ...] = ()
         # Only kernfs reports a removed cgroup through an open descriptor (ENODEV); a tree
         # given as `root` may be ordinary files (a copy, a fixture), so it is opened per read.
         self._files = _OpenFiles(hold=config.root is None)
@@ -227,6 +229,7 @@ class CgroupCollector:
             tracked[rel] = item
         self._tracked = tracked
         self.discoveries += 1
+        self._publish()
 
     def _walk(self, root: Path, directory: Path, depth: int, found: dict[str, Path]) -> None:
         found[str(directory.relative_to(root))] = directory
@@ -248,9 +251,12 @@ class CgroupCollector:
         if layout.mode == "v2":
             assert unified is not None
             d = str(unified)
+            # Without the memory controller enabled for it, a v2 cgroup has no memory files.
+            has_memory = os.path.exists(f"{d}/memory.current")
             item = _Tracked(
                 rel, tags, f"{d}/cpu.stat", True, f"{d}/cpu.stat",
-                f"{d}/memory.current", f"{d}/memory.stat", True,
+                f"{d}/memory.current" if has_memory else None,
+                f"{d}/memory.stat" if has_memory else None, True,
             )
             item.limit_cores = _v2_cpu_limit(_read(f"{d}/cpu.max"))
             item.limit_bytes = _limit_bytes(_read(f"{d}/memory.max"))
@@ -324,6 +330,8 @@ class CgroupCollector:
         for rel in gone:
             self._files.close(*self._tracked.pop(rel).files())
         self.vanished_total += len(gone)
+        if gone:
+            self._publish()
         return samples
 
     def _collect_one(self, item: _Tracked, now_ns: int, out: list[Sample]) -> bool:
@@ -425,22 +433,26 @@ class CgroupCollector:
     # -- inventory and health ------------------------------------------------------------
 
     def workloads(self, cls: str | None = None) -> list[dict[str, str]]:
-        """Pod-level (or declared) cgroups known now, optionally of one class (LS or BE)."""
-        out = []
-        for item in self._tracked.values():
-            tags = item.tags
-            if tags.get("level") in ("pod", "cgroup") and "class" in tags and (
-                cls is None or tags["class"] == cls
-            ):
-                out.append({k: v for k, v in tags.items() if k != "node"})
-        return out
+        """Pod-level (or declared) cgroups known now, optionally of one class (LS or BE).
+
+        Safe from other threads (the API, /metrics): it reads the snapshot the loop published.
+        """
+        return [dict(w) for w in self._workloads if cls is None or w["class"] == cls]
+
+    def _publish(self) -> None:
+        self._workloads = tuple(
+            {k: v for k, v in item.tags.items() if k != "node"}
+            for item in list(self._tracked.values())
+            if item.tags.get("level") in ("pod", "cgroup") and "class" in item.tags
+        )
+        self.tracked = len(self._tracked)
 
     def close(self) -> None:
         self._files.close_all()
 
     def status(self) -> ComponentStatus:
         details: dict[str, object] = {
-            "cgroups": len(self._tracked),
+            "cgroups": self.tracked,
             "open_files": len(self._files.fds),
             "vanished_total": self.vanished_total,
         }

@@ -74,7 +74,7 @@ class PodMetadataCache:
     def refresh(self) -> None:
         try:
             pods = self._core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={self.node_name}", _request_timeout=10
+                field_selector=f"spec.nodeName={self.node_name}", _request_timeout=(5, 15)
             )
         except Exception as exc:  # the API being away must never stop collection
             self._error = f"listing pods failed: {exc.__class__.__name__}: {exc}"[:300]
@@ -84,11 +84,12 @@ class PodMetadataCache:
         self._error = ""
 
     def start(self) -> None:
-        self.refresh()
+        """List pods now and every `refresh_s`, in a daemon thread: a hung API never blocks."""
         self._thread = threading.Thread(target=self._loop, name="pod-metadata", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
+        self.refresh()
         while not self._stop.wait(self.refresh_s):
             self.refresh()
 
@@ -109,7 +110,11 @@ def load_api_client(kubeconfig: str | None) -> Any:
     """An ApiClient from a kubeconfig file, or the in-cluster service account when None."""
     from kubernetes import client, config
 
+    configuration = client.Configuration()
     if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
-    config.load_incluster_config()
-    return client.ApiClient()
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        config.load_incluster_config(client_configuration=configuration)
+    # The refresh loop is the retry: urllib3's own retries would multiply the request timeout.
+    configuration.retries = False
+    return client.ApiClient(configuration)

@@ -42,7 +42,10 @@ class Agent:
         self.registry = registry or CollectorRegistry()
         self.metrics = AgentMetrics(self.registry)
         data_dir = settings.data_dir
-        data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"data_dir {data_dir}: cannot create it: {exc.strerror}") from exc
         self.store = open_store(data_dir, settings.store.retention, settings.store.max_size)
         self.incidents = IncidentStore(data_dir / "incidents.db")
         self.pods: Any = None
@@ -98,7 +101,7 @@ class Agent:
             cg = self.cgroups
             self.metrics.gauge_callback(
                 "sloguard_cgroups", "Cgroups tracked and vanished mid-read", "kind",
-                lambda: {"tracked": len(cg.workloads()), "vanished_total": cg.vanished_total},
+                lambda: {"tracked": cg.tracked, "vanished_total": cg.vanished_total},
             )
 
     def _start_kubernetes(self) -> None:

@@ -65,9 +65,9 @@ def run(config: ConfigOpt = None, data_dir: DataDirOpt = None, listen: ListenOpt
 
     try:
         agent = Agent(settings)
-    except StoreError as exc:
+    except StoreError as exc:  # an unusable data directory is a bad configured value
         typer.echo(f"sloguard: {exc}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(2) from None
     host, port = settings.listen_host_port
     logging.getLogger(__name__).info("UI and API on http://%s:%d", host, port)
     server = _uvicorn_server()(uvicorn.Config(

@@ -86,8 +86,12 @@ class KubernetesConfig(_Section):
 
 
 def _default_rule_paths() -> list[str]:
-    shipped = PROJECT_ROOT / "rules"
-    return [str(shipped)] if shipped.is_dir() else []
+    """The rules shipped with sloguard: the repository's rules/ in a source checkout (editable
+    install), the package's default_rules/ in an installed wheel."""
+    for shipped in (Path(__file__).resolve().parent / "default_rules", PROJECT_ROOT / "rules"):
+        if shipped.is_dir():
+            return [str(shipped)]
+    return []
 
 
 class RulesConfig(_Section):

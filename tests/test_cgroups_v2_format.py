@@ -120,3 +120,19 @@ def test_mountinfo_layouts(tmp_path):
     assert layout.mode == "v2" and str(layout.primary) == "/sys/fs/cgroup"
     (tmp_path / "v1" / "memory").mkdir(parents=True)
     assert layout_from_root(tmp_path / "v1").mode == "v1"
+
+
+def test_v2_cgroup_without_memory_controller_is_still_collected(tmp_path):
+    (tmp_path / "cgroup.controllers").write_text("cpu\n")
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    (lab / "cpu.stat").write_text("usage_usec 1000\nuser_usec 500\nsystem_usec 500\n")
+    (lab / "cpu.pressure").write_text(
+        "some avg10=1.00 avg60=0.00 avg300=0.00 total=10\n"
+        "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    collector = CgroupCollector("n", CgroupCollectorConfig(root=str(tmp_path), include=["lab"]))
+    for _ in range(3):
+        samples = collector.collect(time.time_ns())
+        time.sleep(0.05)
+    assert collector.vanished_total == 0
+    assert {s.measurement for s in samples} == {"container_cpu", "container_pressure"}

@@ -126,3 +126,17 @@ def test_selectors():
     for bad in ("{a=\"b\"}", 'm{a="b"', 'm{a=b}', 'm{a=~"("}', 'm{a=="b"}'):
         with pytest.raises(ValueError):
             parse_selector(bad)
+
+
+def test_unusable_data_dir_is_a_clean_error(tmp_path, sloguard_bin):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "incidents.db").mkdir()  # where the incident database should be
+    for data_dir, expected in ((blocker / "data", "cannot create it"),
+                               (tmp_path / "d", "cannot open the incident store")):
+        result = subprocess.run(
+            [sloguard_bin, "run", "--data-dir", str(data_dir), "--listen", "127.0.0.1:1"],
+            capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2, result.stderr
+        assert expected in result.stderr and "Traceback" not in result.stderr

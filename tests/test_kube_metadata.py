@@ -120,3 +120,31 @@ def test_unreachable_api_is_reported_and_collection_goes_on(real_cgroups, tmp_pa
     samples = collector.collect(time.time_ns())
     tags = next(s.tags for s in samples if s.tags["cgroup"] == f"/{rel}")
     assert tags["class"] == "BE" and tags["pod_uid"] == uid and "pod" not in tags
+
+
+def test_a_hung_api_never_blocks_the_agent(tmp_path):
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # accepts connections, never answers
+    port = listener.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    cache = PodMetadataCache(load_api_client(str(kubeconfig)), NODE, refresh_s=3600)
+    started = time.monotonic()
+    cache.start()
+    assert time.monotonic() - started < 1  # the first listing runs in its own thread
+    assert not cache.status().ok and cache.status().reason == "not listed yet"
+    deadline = time.monotonic() + 30
+    while cache.status().reason == "not listed yet" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    elapsed = time.monotonic() - started
+    assert "listing pods failed" in cache.status().reason
+    assert elapsed < 25, f"one refresh took {elapsed:.0f} s: retries multiply the timeout"
+    cache.stop()
+    listener.close()

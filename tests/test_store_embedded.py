@@ -141,3 +141,24 @@ def test_unwritable_location_is_a_store_error(tmp_path):
         target.write_text("not a directory")
         with pytest.raises((StoreError, OSError)):
             EmbeddedStore(target / "s.db", 3600, 1 << 30)
+
+
+def test_series_ids_are_never_reused_after_retention(store):
+    store.write([Sample("m", {"node": "n", "c": "/gone"}, {"v": 1.0}, T0)])
+    assert store.read(WindowQuery("m", T0, T0 + S))["c"].tolist() == ["/gone"]  # reader cached
+    store.maintain(T0 + 7200 * S)  # the series and its rows age out
+    store.write([Sample("m", {"node": "n", "c": "/new"}, {"v": 2.0}, T0 + 7200 * S)])
+    frame = store.read(WindowQuery("m", 0, T0 + 8000 * S))
+    assert frame["c"].tolist() == ["/new"] and frame["v"].tolist() == [2.0]
+
+
+def test_size_limit_keeps_a_free_space_reserve(tmp_path):
+    import os
+
+    store = EmbeddedStore(tmp_path / "s.db", 3600, max_size=1 << 60)
+    fs = os.statvfs(tmp_path)
+    free = fs.f_bavail * fs.f_frsize
+    limit = store.size_limit(used=1000)
+    assert limit < 1000 + free  # bounded by the filesystem, not by the huge max_size
+    assert limit <= 1000 + free - 256 * 1024**2
+    store.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import threading
 from collections import defaultdict
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS series (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
     measurement TEXT NOT NULL,
     tags TEXT NOT NULL,
     last_ns INTEGER NOT NULL DEFAULT 0,
@@ -45,6 +46,7 @@ CREATE TABLE IF NOT EXISTS fields (
 """
 _SQL_AGG = {"mean": "AVG", "min": "MIN", "max": "MAX", "sum": "SUM", "count": "COUNT"}
 _DELETE_BATCH = 50_000
+FREE_SPACE_RESERVE = 256 * 1024**2  # or 5% of the filesystem, whichever is larger
 
 
 class _Catalog:
@@ -94,6 +96,8 @@ class EmbeddedStore:
         self._catalog = _Catalog()
         self._catalog.load(self._writer)
         self._read_catalog = _Catalog()
+        self._generation = 0  # bumped when retention removes series: readers reload
+        self._read_generation = 0
         self._last_seen: dict[int, int] = {}
         self._fast_ids: dict[tuple, int] = {}  # (measurement, tag items as given) -> series id
         self._last_error = ""
@@ -196,7 +200,11 @@ class EmbeddedStore:
         with self._read_lock:
             catalog = self._read_catalog
             try:
-                catalog.load(self._reader)
+                if self._read_generation != self._generation:
+                    self._read_generation = self._generation
+                    catalog.reset(self._reader)
+                else:
+                    catalog.load(self._reader)
             except sqlite3.Error as exc:
                 raise StoreError(f"{self.path}: {exc}") from exc
             series = {
@@ -272,9 +280,9 @@ class EmbeddedStore:
                 # Deleting rows frees B-tree pages less than proportionally: repeat a few times.
                 for _ in range(8):
                     used = self.used_bytes()
-                    if used <= self.max_size:
+                    if used <= self.size_limit(used):
                         break
-                    share = min(0.5, max(0.05, 1 - 0.9 * self.max_size / used))
+                    share = min(0.5, max(0.05, 1 - 0.9 * self.size_limit(used) / used))
                     for table in self._catalog.tables.values():
                         lo, hi = self._writer.execute(
                             f"SELECT min(rowid), max(rowid) FROM {table}").fetchone()
@@ -291,6 +299,7 @@ class EmbeddedStore:
                 raise StoreError(f"{self.path}: {exc}") from exc
             self._catalog.reset(self._writer)
             self._fast_ids.clear()
+            self._generation += 1
 
     def _delete_below(self, table: str, rowid: int | None) -> None:
         if rowid is None:
@@ -311,6 +320,20 @@ class EmbeddedStore:
                 [(ts, sid) for sid, ts in self._last_seen.items()],
             )
             self._last_seen.clear()
+
+    def size_limit(self, used: int) -> int:
+        """`max_size`, lowered so the filesystem keeps a reserve free.
+
+        Retention itself needs free space (SQLite's deletes go through the WAL): a store that
+        filled its disk could not shrink any more.
+        """
+        try:
+            fs = os.statvfs(self.path.parent)
+        except OSError:
+            return self.max_size
+        free = fs.f_bavail * fs.f_frsize
+        reserve = max(FREE_SPACE_RESERVE, fs.f_blocks * fs.f_frsize // 20)
+        return max(0, min(self.max_size, used + free - reserve))
 
     def used_bytes(self) -> int:
         pages, free, size = (

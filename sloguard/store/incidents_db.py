@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from sloguard.incidents import RESOLVED, STATES, Incident
+from sloguard.store import StoreError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS incidents (
@@ -34,12 +35,16 @@ CREATE INDEX IF NOT EXISTS incidents_by_time ON incidents (started_ns);
 class IncidentStore:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA busy_timeout=5000")
-        self._conn.executescript(_SCHEMA)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(self.path, check_same_thread=False,
+                                         isolation_level=None)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA busy_timeout=5000")
+            self._conn.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"{self.path}: cannot open the incident store: {exc}") from exc
 
     def save(self, incident: Incident) -> None:
         row = (
