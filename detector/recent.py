@@ -18,6 +18,7 @@ from sloguard.selectors import Selector
 
 SeriesKey = tuple[tuple[str, str], ...]
 _CACHE_LIMIT = 100_000
+_FUTURE_NS = 3600 * 10**9  # points this far ahead of the newest batch: the clock stepped back
 
 
 class Subscription:
@@ -54,7 +55,7 @@ class Subscription:
         cutoff = latest_ns - self.window_ns - 1_000_000_000  # one second of slack
         empty = []
         for key, points in self.series.items():
-            while points and points[0][0] < cutoff:
+            while points and (points[0][0] < cutoff or points[0][0] > latest_ns + _FUTURE_NS):
                 points.popleft()
             if not points:
                 empty.append(key)
@@ -74,7 +75,6 @@ class RecentWindows:
     def __init__(self) -> None:
         self._subs: dict[tuple, Subscription] = {}
         self._by_measurement: dict[str, list[Subscription]] = {}
-        self._latest_ns = 0
 
     def subscribe(self, selector: Selector, field: str, window_s: float) -> tuple[Subscription,
                                                                                   bool]:
@@ -96,6 +96,13 @@ class RecentWindows:
             self._by_measurement.setdefault(sub.selector.measurement, []).append(sub)
 
     def add(self, samples: Iterable[Sample], only: Subscription | None = None) -> None:
+        """Route samples to the subscriptions they match, then drop what left every window.
+
+        Windows end at the newest sample of this batch, not the newest ever seen: after the
+        wall clock steps back, new samples are kept (points stamped in the "future" are simply
+        outside every window until the clock catches up).
+        """
+        newest = 0
         for sample in samples:
             subs = (only,) if only is not None else self._by_measurement.get(sample.measurement)
             if not subs:
@@ -103,10 +110,11 @@ class RecentWindows:
             given = tuple(sample.tags.items())
             for sub in subs:
                 sub.offer(sample, given)
-            if sample.time_ns > self._latest_ns:
-                self._latest_ns = sample.time_ns
-        for sub in self._subs.values():
-            sub.prune(self._latest_ns)
+            if sample.time_ns > newest:
+                newest = sample.time_ns
+        if newest:
+            for sub in self._subs.values():
+                sub.prune(newest)
 
     def __len__(self) -> int:
         return sum(len(points) for sub in self._subs.values() for points in sub.series.values())

@@ -370,3 +370,17 @@ def test_restart_drops_pending_incidents(tmp_path):
     h.incidents.close()
     h.open()
     assert h.all() == []
+
+
+def test_windows_stay_bounded_after_a_clock_step_back(tmp_path):
+    h = _Harness(tmp_path)
+    for second in range(3):
+        h.at(second, 30.0)
+    for second in range(-7200, -7180):  # the wall clock jumps back two hours
+        h.at(second, 30.0)
+    spec = h.rules.rules[0].spec
+    subscription, _ = h.windows.subscribe(spec.selector, spec.field, spec.window)
+    [points] = subscription.series.values()
+    assert len(points) <= 5  # a 3 s window (+1 s slack): not every sample since the step
+    assert [t for t, _ in points][-1] == T0 - 7181 * S
+    assert h.all()[0].state == FIRING
