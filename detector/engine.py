@@ -17,12 +17,15 @@ import math
 import re
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sloguard.detector.api import Verdict
 from sloguard.detector.recent import RecentWindows
+from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import LoadedRule, RuleSet
-from sloguard.detector.threshold import make_detector
 from sloguard.incidents import (
     FIRING,
     PENDING,
@@ -70,6 +73,8 @@ class Engine:
     rules: RuleSet
     node: str
     actuator: IncidentActuator
+    registry: DetectorRegistry = field(default_factory=DetectorRegistry)
+    timeout_s: float = 1.0
     inventory: Callable[[], list[dict[str, str]]] = lambda: []
     on_evaluation: Callable[[str, str], None] = lambda rule, result: None
     states: dict[tuple[str, SeriesKey], AlertState] = field(default_factory=dict)
@@ -78,6 +83,8 @@ class Engine:
     # (rule key, series) -> (the rule spec it was built from, detector)
     _detectors: dict[tuple[str, SeriesKey], tuple[Any, Any]] = field(default_factory=dict)
     _unsaved: dict[str, Incident] = field(default_factory=dict)
+    _hung: dict[str, Any] = field(default_factory=dict)  # rule key -> spec that hung
+    _pool: ThreadPoolExecutor | None = None
 
     def restore(self) -> int:
         """Adopt this node's open incidents from before a restart, once their rule is loaded.
@@ -113,6 +120,8 @@ class Engine:
             interval = int((rule.interval or 0) * 1e9)
             if interval and now_ns < self._due.get(rule.key, 0):
                 continue
+            if self._hung.get(rule.key) == rule.spec:
+                continue  # cut off earlier: skipped until the rule changes
             self._due[rule.key] = now_ns + interval
             started = time.perf_counter()
             try:
@@ -177,8 +186,16 @@ class Engine:
 
     def _step_rule(self, rule: LoadedRule, values: dict[SeriesKey, float], now_ns: int) -> None:
         open_series = {s for (k, s) in self.states if k == rule.key}
-        for series in set(values) | open_series:
-            self._step(rule, series, values.get(series, math.nan), now_ns)
+        series_now = set(values) | open_series
+        detectors = {s: self._detector(rule, s) for s in series_now}
+        inputs = {s: values.get(s, math.nan) for s in series_now}
+        verdicts = self._guarded(rule, lambda: {
+            s: detectors[s].update(v, now_ns) for s, v in inputs.items()})
+        for series in series_now:
+            value, verdict = inputs[series], verdicts[series]
+            if math.isnan(value) and verdict.crossed:  # no data never fires, whatever a
+                verdict = Verdict(False, True, verdict.threshold, "no data")  # plugin says
+            self._step(rule, series, value, verdict, now_ns)
         for key in [k for k in self._detectors
                     if k[0] == rule.key and k[1] not in values and k[1] not in open_series]:
             del self._detectors[key]  # the series went away: forget its detector
@@ -188,13 +205,35 @@ class Engine:
         key = (rule.key, series)
         entry = self._detectors.get(key)
         if entry is None or entry[0] != rule.spec:
-            entry = self._detectors[key] = (rule.spec, make_detector(rule.spec.detector,
-                                                                     rule.spec.params))
+            entry = self._detectors[key] = (rule.spec, self.registry.make(rule.spec.detector,
+                                                                          rule.spec.params))
         return entry[1]
 
-    def _step(self, rule: LoadedRule, series: SeriesKey, value: float, now_ns: int) -> None:
+    def _guarded(self, rule: LoadedRule, run: Callable[[], dict]) -> dict:
+        """Run the rule's detector code, cut off after `timeout_s`.
+
+        A thread cannot be killed: a hung plugin keeps its worker, which is abandoned, and the
+        rule is skipped until it changes. Only detector code runs there; incident state is
+        changed on the loop thread.
+        """
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="detectors")
+        future = self._pool.submit(run)
+        try:
+            return future.result(timeout=self.timeout_s)
+        except FutureTimeout:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+            self._hung[rule.key] = rule.spec
+            for key in [k for k in self._detectors if k[0] == rule.key]:
+                del self._detectors[key]
+            raise TimeoutError(
+                f"detector {rule.spec.detector!r} took longer than {self.timeout_s:g}s; "
+                "rule skipped until it changes") from None
+
+    def _step(self, rule: LoadedRule, series: SeriesKey, value: float, verdict: Verdict,
+              now_ns: int) -> None:
         spec, key = rule.spec, (rule.key, series)
-        verdict = self._detector(rule, series).update(value)
         shown = None if math.isnan(value) else float(value)
         state = self.states.get(key)
         if state is None:

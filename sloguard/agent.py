@@ -20,8 +20,8 @@ from sloguard.collectors.cgroups import CgroupCollector
 from sloguard.config import Settings
 from sloguard.detector.engine import Engine
 from sloguard.detector.recent import RecentWindows
+from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import RuleSet
-from sloguard.detector.threshold import make_detector
 from sloguard.health import ComponentStatus
 from sloguard.samples import Sample
 from sloguard.selfmetrics import AgentMetrics
@@ -64,9 +64,11 @@ class Agent:
             self.cgroups = CgroupCollector(self.node, cfg.cgroups, pod_lookup=lookup)
             self.collectors.append(self.cgroups)
         self._collector_errors: dict[str, str] = {}
+        self.detectors = DetectorRegistry(settings.detectors.plugins,
+                                          use_entry_points=settings.detectors.entry_points)
         self.rules = RuleSet(
             list(settings.rules.paths),
-            validate_params=lambda spec: make_detector(spec.detector, spec.params),
+            validate_params=lambda spec: self.detectors.make(spec.detector, spec.params),
         )
         self.windows = RecentWindows()
         self.engine = Engine(
@@ -75,6 +77,8 @@ class Agent:
             rules=self.rules,
             node=self.node,
             actuator=DryRunActuator(self.node),
+            registry=self.detectors,
+            timeout_s=settings.detectors.timeout,
             inventory=self.cgroups.workloads if self.cgroups else (lambda: []),
             on_evaluation=lambda rule, result: self.metrics.rule_evaluations.labels(
                 rule, result).inc(),
@@ -261,6 +265,12 @@ class Agent:
             "rules", ok=not rule_errors and loaded > 0, reason=reason,
             details={"loaded": loaded, "paths": list(self.rules.paths),
                      "unsaved_incidents": self.engine.unsaved},
+        ))
+        out.append(ComponentStatus(
+            "detectors", ok=not self.detectors.errors,
+            reason="; ".join(self.detectors.errors.values())[:2000],
+            details={"available": sorted(self.detectors.types),
+                     "providers": dict(self.detectors.providers)},
         ))
         if self.settings.kubernetes.enabled:
             if self.pods is not None:

@@ -100,6 +100,13 @@ class RulesConfig(_Section):
     )
 
 
+class DetectorsConfig(_Section):
+    plugins: list[str] = Field(
+        default_factory=list, description="extra plugin modules to load (import paths)")
+    entry_points: bool = Field(True, description="load plugins of the sloguard.plugins group")
+    timeout: Duration = Field(1.0, gt=0, description="longest one rule's detectors may take")
+
+
 class ActuatorsConfig(_Section):
     dry_run: bool = True
 
@@ -118,6 +125,7 @@ class Settings(BaseSettings):
     collectors: CollectorsConfig = Field(default_factory=CollectorsConfig)
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
     rules: RulesConfig = Field(default_factory=RulesConfig)
+    detectors: DetectorsConfig = Field(default_factory=DetectorsConfig)
     actuators: ActuatorsConfig = Field(default_factory=ActuatorsConfig)
 
     @field_validator("listen")

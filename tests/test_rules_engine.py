@@ -9,14 +9,19 @@ import textwrap
 import pytest
 
 from sloguard.actuators.dryrun import DryRunActuator
+from sloguard.detector.api import hookimpl
 from sloguard.detector.engine import Engine, aggregate, render
 from sloguard.detector.recent import RecentWindows
+from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import RuleFileError, RuleSet, load_rule_file
-from sloguard.detector.threshold import Threshold, make_detector
 from sloguard.incidents import FIRING, PENDING, RESOLVED
+from sloguard.plugins.threshold import Threshold
 from sloguard.samples import Sample
 from sloguard.store.embedded import EmbeddedStore
 from sloguard.store.incidents_db import IncidentStore
+
+REGISTRY = DetectorRegistry()
+make_detector = REGISTRY.make
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S
@@ -89,7 +94,8 @@ def test_broken_file_keeps_previous_rules(tmp_path):
 
 
 class _Harness:
-    def __init__(self, tmp_path, rules_text=RULES):
+    def __init__(self, tmp_path, rules_text=RULES, registry=REGISTRY, timeout_s=1.0):
+        self.registry, self.timeout_s = registry, timeout_s
         (tmp_path / "rules").mkdir(exist_ok=True)
         (tmp_path / "rules" / "r.yaml").write_text(rules_text)
         self.tmp = tmp_path
@@ -103,6 +109,7 @@ class _Harness:
         self.windows = RecentWindows()
         self.engine = Engine(
             self.windows, self.incidents, self.rules, "node-a", DryRunActuator("node-a"),
+            registry=self.registry, timeout_s=self.timeout_s,
             inventory=lambda: [{"cgroup": "/x", "class": "LS"}, {"cgroup": "/y", "class": "BE"}],
         )
         self.engine.sync_windows(self.store, self.now)
@@ -180,32 +187,53 @@ def test_incidents_survive_a_restart(tmp_path):
     assert after.fired_ns == before.fired_ns
 
 
-def test_one_failing_rule_does_not_stop_the_others(tmp_path):
+class _Exploding:
+    name = "exploding"
+
+    def __init__(self, params):
+        pass
+
+    def update(self, value, time_ns):
+        raise ZeroDivisionError("plugin bug")
+
+
+class _Hanging:
+    name = "hanging"
+
+    def __init__(self, params):
+        pass
+
+    def update(self, value, time_ns):
+        import time
+
+        time.sleep(3)
+
+
+class _BadPlugins:
+    @hookimpl
+    def sloguard_detectors(self):
+        return [_Exploding, _Hanging]
+
+
+def test_failing_and_hanging_detectors_do_not_stop_the_others(tmp_path):
     text = RULES + textwrap.indent(textwrap.dedent("""\
         - alert: Broken
           expr: lat
           field: p99
-          detector: threshold
-          params: {above: 1}
+          detector: exploding
+        - alert: Stuck
+          expr: lat
+          field: p99
+          detector: hanging
     """), " " * 6)
-    h = _Harness(tmp_path, text)
-    original = make_detector
-
-    def exploding(kind, params):
-        detector = original(kind, params)
-        if params == {"above": 1}:
-            detector.update = lambda value: 1 / 0
-        return detector
-
-    import sloguard.detector.engine as engine_module
-    engine_module.make_detector = exploding
-    try:
-        for second in range(4):
-            h.at(second, 30.0)
-    finally:
-        engine_module.make_detector = original
-    assert h.all()[0].state == FIRING
-    assert "ZeroDivisionError" in h.engine.status["ls/Broken"].error
+    registry = DetectorRegistry(plugins=[_BadPlugins()])
+    h = _Harness(tmp_path, text, registry=registry, timeout_s=0.2)
+    for second in range(4):
+        h.at(second, 30.0)
+    assert h.all()[0].state == FIRING and h.all()[0].rule == "LSSlow"
+    assert "ZeroDivisionError: plugin bug" in h.engine.status["ls/Broken"].error
+    assert "longer than 0.2s" in h.engine.status["ls/Stuck"].error
+    assert h.engine.status["ls/Stuck"].evaluations == 1  # skipped after being cut off
     assert h.engine.status["ls/LSSlow"].error == ""
 
 

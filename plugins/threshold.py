@@ -1,4 +1,4 @@
-"""Static thresholds with hysteresis.
+"""The threshold detector (a built-in plugin): static bounds with hysteresis.
 
 A separate recover threshold keeps a value that hovers at the bound from flapping the incident
 open and closed (and, later, the actuators on and off).
@@ -7,26 +7,15 @@ open and closed (and, later, the actuators on and off).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """What one value means for an alert.
-
-    `crossed`: past the firing bound (starts pending, keeps pending). `recovered`: past the
-    recover bound (counts toward `recover_for` of a firing alert). Between the two bounds a
-    firing alert stays firing and a pending one is cancelled: the hysteresis band.
-    """
-
-    crossed: bool
-    recovered: bool
-    threshold: float | None
+from sloguard.detector.api import Verdict, hookimpl
 
 
 class Threshold:
     """`above: X` (or `below: X`), optional `recover_below` (or `recover_above`)."""
+
+    name = "threshold"
 
     def __init__(self, params: dict[str, Any]) -> None:
         unknown = set(params) - {"above", "below", "recover_below", "recover_above"}
@@ -50,7 +39,7 @@ class Threshold:
         )):
             raise ValueError("use recover_below with above, recover_above with below")
 
-    def update(self, value: float) -> Verdict:
+    def update(self, value: float, time_ns: int = 0) -> Verdict:
         """Missing data (NaN) never crosses; it counts as recovered (the series went away)."""
         if value is None or math.isnan(value):
             return Verdict(False, True, self.bound)
@@ -59,12 +48,6 @@ class Threshold:
         return Verdict(value < self.bound, value >= self.recover, self.bound)
 
 
-DETECTORS = {"threshold": Threshold}
-
-
-def make_detector(kind: str, params: dict[str, Any]) -> Threshold:
-    try:
-        factory = DETECTORS[kind]
-    except KeyError:
-        raise ValueError(f"unknown detector {kind!r} (available: {', '.join(DETECTORS)})") from None
-    return factory(params)
+@hookimpl
+def sloguard_detectors() -> list[type]:
+    return [Threshold]

@@ -1,0 +1,53 @@
+"""What a detector plugin imports: the hook marker, the verdict, the detector protocol.
+
+    from sloguard.detector.api import Verdict, hookimpl
+
+    class PsiStall:
+        name = "psi_stall"
+
+        def __init__(self, params):
+            self.limit = float(params.get("limit", 20))
+
+        def update(self, value, time_ns):
+            return Verdict(crossed=value > self.limit, recovered=value <= self.limit,
+                           threshold=self.limit)
+
+    @hookimpl
+    def sloguard_detectors():
+        return [PsiStall]
+
+See docs/plugins.md for the whole guide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from sloguard.detector.hookspecs import hookimpl
+
+__all__ = ["Detector", "Verdict", "hookimpl"]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What one value means for an alert.
+
+    `crossed`: past the firing bound (starts pending, keeps pending). `recovered`: past the
+    recover bound (counts toward `recover_for` of a firing alert). Between the two, a firing
+    alert stays firing and a pending one is cancelled: the hysteresis band. `threshold` is the
+    bound shown as evidence next to the value; `note` says why, in a few words.
+    """
+
+    crossed: bool
+    recovered: bool
+    threshold: float | None = None
+    note: str = ""
+
+
+class Detector(Protocol):
+    name: ClassVar[str]
+
+    def __init__(self, params: dict[str, Any]) -> None: ...
+
+    def update(self, value: float, time_ns: int) -> Verdict: ...
