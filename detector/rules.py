@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sloguard.config import Duration
 from sloguard.selectors import Selector, parse_selector
 from sloguard.store import check_aggregation
-from sloguard.yamlfile import YamlFileError, nearest_line, read_yaml
+from sloguard.yamlfile import YamlFileError, nearest, read_yaml
 
 log = logging.getLogger(__name__)
 
@@ -104,42 +104,50 @@ class RuleFileError(Exception):
 
 
 def load_rule_file(path: Path, validate_params: Any = None) -> list[LoadedRule]:
-    """Parse one file; raise RuleFileError with `file:line: field: problem` lines."""
+    """Parse one file; raise RuleFileError with a `file:line:column: field: problem` line for
+    every problem found (not only the first)."""
     try:
         document, lines = read_yaml(path)
     except YamlFileError as exc:
         raise RuleFileError(str(exc)) from exc
     if document is None:
         raise RuleFileError(
-            f"{path}:1: the file is empty; a rule file defines `groups:` (`groups: []` for none)")
+            f"{path}:1:1: the file is empty; a rule file defines `groups:` "
+            "(`groups: []` for none)")
     try:
         spec = RuleFileSpec.model_validate(document)
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
             loc = tuple(str(p) for p in error["loc"])
-            line = nearest_line(lines, loc)
+            line, column = nearest(lines, loc)
             msg = error["msg"].removeprefix("Value error, ")
             if error["type"] == "extra_forbidden":
                 msg = "unknown field"
-            problems.append(f"{path}:{line}: {'.'.join(loc)}: {msg}")
+            problems.append(f"{path}:{line}:{column}: {'.'.join(loc)}: {msg}")
         raise RuleFileError("\n".join(problems)) from exc
     rules: list[LoadedRule] = []
+    problems: list[str] = []
     seen: set[str] = set()
     for gi, group in enumerate(spec.groups):
         for ri, rule in enumerate(group.rules):
             loc = ("groups", str(gi), "rules", str(ri))
-            source = f"{path}:{lines.get(loc, 1)}"
+            line, column = lines.get(loc, (1, 1))
+            source = f"{path}:{line}:{column}"
             loaded = LoadedRule(group.name, rule, source, group.interval)
             if loaded.key in seen:
-                raise RuleFileError(f"{source}: rule {loaded.key} is defined twice")
+                problems.append(f"{source}: {'.'.join(loc)}: rule {loaded.key} is defined twice")
             seen.add(loaded.key)
             if validate_params is not None:
                 try:
                     validate_params(rule)
                 except ValueError as exc:
-                    raise RuleFileError(f"{source}: {'.'.join(loc)}.params: {exc}") from exc
+                    at = (*loc, "params") if (*loc, "params") in lines else (*loc, "detector")
+                    pline, pcolumn = nearest(lines, at)
+                    problems.append(f"{path}:{pline}:{pcolumn}: {'.'.join(at)}: {exc}")
             rules.append(loaded)
+    if problems:
+        raise RuleFileError("\n".join(problems))
     return rules
 
 

@@ -21,6 +21,8 @@ app = typer.Typer(
 )
 config_app = typer.Typer(help="Inspect the configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
+rules_app = typer.Typer(help="Work with rule files.", no_args_is_help=True)
+app.add_typer(rules_app, name="rules")
 
 ConfigOpt = Annotated[
     Path | None,
@@ -116,6 +118,44 @@ def config_show(
     for key, value, source in rows:
         shown = json.dumps(value, default=str)
         typer.echo(f"{key:<{width}}  {shown}  # {source}")
+
+
+@rules_app.command("check")
+def rules_check(
+    files: Annotated[list[Path], typer.Argument(help="rule files or directories of *.yaml")],
+    config: ConfigOpt = None,
+) -> None:
+    """Check rule files as the agent would load them; print every problem as
+    file:line:column: field: message, and exit 1 if there is any."""
+    from sloguard.detector.registry import DetectorRegistry
+    from sloguard.detector.rules import RuleFileError, RuleSet, load_rule_file
+
+    settings = _load(config, None, None).settings
+    registry = DetectorRegistry(settings.detectors.plugins,
+                                use_entry_points=settings.detectors.entry_points)
+    for name, problem in registry.errors.items():
+        typer.echo(f"warning: detector plugin {name}: {problem}", err=True)
+    paths, path_errors, _ = RuleSet([str(f) for f in files]).files()
+    failed = bool(path_errors)
+    for problem in path_errors.values():
+        typer.echo(problem, err=True)
+    seen: dict[str, str] = {}
+    for path in paths:
+        try:
+            rules = load_rule_file(path, lambda spec: registry.make(spec.detector, spec.params))
+        except RuleFileError as exc:
+            typer.echo(str(exc), err=True)
+            failed = True
+            continue
+        for rule in rules:
+            if rule.key in seen:
+                typer.echo(f"{rule.source}: rule {rule.key} is already defined at "
+                           f"{seen[rule.key]}", err=True)
+                failed = True
+            seen.setdefault(rule.key, rule.source)
+        typer.echo(f"{path}: {len(rules)} rules ok")
+    if failed:
+        raise typer.Exit(1)
 
 
 @app.command()

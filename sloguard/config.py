@@ -173,7 +173,7 @@ class ConfigError(Exception):
 class LoadedSettings:
     settings: Settings
     file: Path | None
-    yaml_lines: dict[tuple[str, ...], int]
+    yaml_lines: dict[tuple[str, ...], tuple[int, int]]
     env_keys: dict[tuple[str, ...], str]
     cli_keys: dict[tuple[str, ...], str]
 
@@ -191,7 +191,7 @@ class LoadedSettings:
             if prefix in self.env_keys:
                 return f"environment {self.env_keys[prefix]}"
             if prefix in self.yaml_lines:
-                return f"{self.file}:{self.yaml_lines[prefix]}"
+                return f"{self.file}:{self.yaml_lines[prefix][0]}"
         if not nearest:
             for size in range(len(path) - 1, 0, -1):
                 if path[:size] in self.env_keys:  # a whole section given as JSON
@@ -216,7 +216,7 @@ class LoadedSettings:
         return rows
 
 
-def _yaml_document(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
+def _yaml_document(path: Path) -> tuple[dict[str, Any], dict[tuple[str, ...], tuple[int, int]]]:
     try:
         document, lines = read_yaml(path)
     except YamlFileError as exc:

@@ -12,8 +12,11 @@ class YamlFileError(Exception):
     """The file cannot be read or parsed; the message starts with `file:line:`."""
 
 
-def read_yaml(path: Path) -> tuple[Any, dict[tuple[str, ...], int]]:
-    """The parsed document and a map from each key path to its 1-based line."""
+Position = tuple[int, int]  # 1-based line and column
+
+
+def read_yaml(path: Path) -> tuple[Any, dict[tuple[str, ...], Position]]:
+    """The parsed document and a map from each key path to its 1-based line and column."""
     try:
         text = Path(path).read_text()
     except OSError as exc:
@@ -23,25 +26,25 @@ def read_yaml(path: Path) -> tuple[Any, dict[tuple[str, ...], int]]:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         raise YamlFileError(f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}") \
             from exc
     return document, line_map(node)
 
 
-def line_map(node: yaml.Node | None) -> dict[tuple[str, ...], int]:
-    lines: dict[tuple[str, ...], int] = {}
+def line_map(node: yaml.Node | None) -> dict[tuple[str, ...], Position]:
+    lines: dict[tuple[str, ...], Position] = {}
 
     def walk(current: yaml.Node, path: tuple[str, ...]) -> None:
         if isinstance(current, yaml.MappingNode):
             for key, value in current.value:
                 child = (*path, str(key.value))
-                lines[child] = key.start_mark.line + 1
+                lines[child] = (key.start_mark.line + 1, key.start_mark.column + 1)
                 walk(value, child)
         elif isinstance(current, yaml.SequenceNode):
             for index, item in enumerate(current.value):
                 child = (*path, str(index))
-                lines[child] = item.start_mark.line + 1
+                lines[child] = (item.start_mark.line + 1, item.start_mark.column + 1)
                 walk(item, child)
 
     if node is not None:
@@ -49,6 +52,6 @@ def line_map(node: yaml.Node | None) -> dict[tuple[str, ...], int]:
     return lines
 
 
-def nearest_line(lines: dict[tuple[str, ...], int], loc: tuple[str, ...]) -> int:
-    """The line of `loc`, or of its closest enclosing key (for missing or unknown fields)."""
-    return next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), 1)
+def nearest(lines: dict[tuple[str, ...], Position], loc: tuple[str, ...]) -> Position:
+    """Where `loc` is, or its closest enclosing key (for missing or unknown fields)."""
+    return next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), (1, 1))

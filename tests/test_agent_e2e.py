@@ -153,7 +153,7 @@ def test_broken_rule_file_is_reported_and_previous_rules_stay(tmp_path, sloguard
 
         body = agent.wait_for(rejected, 20, "the broken file was never noticed")
         assert [r["key"] for r in body["rules"]] == ["e2e/LSBusy"]
-        assert f"{rule_file}:8: groups.0.rules.0.window" in body["file_errors"][str(rule_file)]
+        assert f"{rule_file}:8:9: groups.0.rules.0.window" in body["file_errors"][str(rule_file)]
         ready = agent.get("/readyz").json()
         rules = next(c for c in ready["components"] if c["name"] == "rules")
         assert not rules["ok"] and "window" in rules["reason"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -70,7 +71,7 @@ def test_precedence_and_sources(tmp_path, monkeypatch):
          ":5: collectors.cgroups.declare.0.clas: unknown setting"),
         ("collectors:\n  cgroups:\n    declare:\n      - path: a\n",
          ":4: collectors.cgroups.declare.0.class: Field required"),
-        ("store:\n  kind: [\n", ":3: invalid YAML"),
+        ("store:\n  kind: [\n", ":3:1: invalid YAML"),
         ("- just\n- a list\n", ":1: the config file must be a mapping"),
     ],
 )
@@ -140,3 +141,42 @@ def test_unusable_data_dir_is_a_clean_error(tmp_path, sloguard_bin):
             capture_output=True, text=True, timeout=60)
         assert result.returncode == 2, result.stderr
         assert expected in result.stderr and "Traceback" not in result.stderr
+
+
+def test_rules_check_command(tmp_path, sloguard_bin):
+    good = tmp_path / "good.yaml"
+    good.write_text("groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: m\n"
+                    "        field: v\n        params: {above: 1}\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: m{x=y}\n"
+                   "        field: v\n        window: soon\n"
+                   "      - alert: B\n        expr: m\n        field: v\n"
+                   "        params: {abve: 1}\n")
+    ok = subprocess.run([sloguard_bin, "rules", "check", str(good)], capture_output=True,
+                        text=True, timeout=60)
+    assert ok.returncode == 0 and f"{good}: 1 rules ok" in ok.stdout
+    shipped = subprocess.run([sloguard_bin, "rules", "check", "rules"], capture_output=True,
+                             text=True, timeout=60, cwd=Path(__file__).parent.parent)
+    assert shipped.returncode == 0, shipped.stderr
+    result = subprocess.run([sloguard_bin, "rules", "check", str(good), str(bad),
+                             str(tmp_path / "absent.yaml")], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1
+    err = result.stderr
+    assert f"{bad}:5:9: groups.0.rules.0.expr:" in err  # every problem, with line and column
+    assert f"{bad}:7:9: groups.0.rules.0.window: not a duration" in err
+    assert "absent.yaml: does not exist" in err
+    assert f"{good}: 1 rules ok" in result.stdout
+    # the params check runs once the file's structure is valid
+    bad.write_text("groups:\n  - name: g\n    rules:\n      - alert: B\n        expr: m\n"
+                   "        field: v\n        params: {abve: 1}\n")
+    again = subprocess.run([sloguard_bin, "rules", "check", str(bad)], capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 1
+    assert f"{bad}:7:9: groups.0.rules.0.params: unknown threshold parameter(s): abve" in (
+        again.stderr)
+    dup = tmp_path / "dup.yaml"
+    dup.write_text(good.read_text())
+    twice = subprocess.run([sloguard_bin, "rules", "check", str(good), str(dup)],
+                           capture_output=True, text=True, timeout=60)
+    assert twice.returncode == 1 and "rule g/A is already defined at" in twice.stderr

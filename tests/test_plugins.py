@@ -109,7 +109,8 @@ def test_rule_with_an_unknown_detector_is_rejected_with_its_line(tmp_path):
     path.write_text("groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: m\n"
                     "        field: v\n        detector: magic\n")
     registry = DetectorRegistry()
-    with pytest.raises(RuleFileError, match=rf"{path}:4: .*unknown detector 'magic'"):
+    expected = rf"{path}:7:9: groups.0.rules.0.detector: unknown detector 'magic'"
+    with pytest.raises(RuleFileError, match=expected):
         load_rule_file(path, lambda spec: registry.make(spec.detector, spec.params))
 
 

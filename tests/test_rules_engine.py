@@ -63,17 +63,19 @@ def test_threshold_hysteresis_and_nan():
 def test_rule_file_errors_name_file_line_and_field(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(RULES.replace("window: 3s", "window: 3 sec"))
-    with pytest.raises(RuleFileError, match=rf"{path}:8: groups.0.rules.0.window: not a duration"):
+    with pytest.raises(RuleFileError,
+                       match=rf"{path}:8:9: groups.0.rules.0.window: not a duration"):
         load_rule_file(path)
     path.write_text(RULES.replace('expr: lat{class="LS"}', 'expr: lat{class=LS}'))
-    with pytest.raises(RuleFileError, match=rf"{path}:5: groups.0.rules.0.expr"):
+    with pytest.raises(RuleFileError, match=rf"{path}:5:9: groups.0.rules.0.expr"):
         load_rule_file(path)
     path.write_text(RULES.replace("params: {above: 10, recover_below: 5}", "params: {abve: 1}"))
     validate = lambda spec: make_detector(spec.detector, spec.params)  # noqa: E731
-    with pytest.raises(RuleFileError, match=rf"{path}:4: .*params: unknown threshold"):
+    with pytest.raises(RuleFileError,
+                       match=rf"{path}:9:9: groups.0.rules.0.params: unknown threshold"):
         load_rule_file(path, validate)
     path.write_text(RULES + "        colour: red\n")
-    with pytest.raises(RuleFileError, match=rf"{path}:16: groups.0.rules.0.colour: unknown"):
+    with pytest.raises(RuleFileError, match=rf"{path}:16:9: groups.0.rules.0.colour: unknown"):
         load_rule_file(path)
 
 
@@ -86,7 +88,7 @@ def test_broken_file_keeps_previous_rules(tmp_path):
     os.utime(path, (1, 1))  # a new mtime even within the same second
     assert not rules.reload()
     assert [r.key for r in rules.rules] == ["ls/LSSlow"]  # still armed
-    assert "expr" in rules.errors[str(path)] and f"{path}:1" in rules.errors[str(path)]
+    assert "expr" in rules.errors[str(path)] and f"{path}:1:" in rules.errors[str(path)]
     path.write_text(RULES.replace("LSSlow", "LSSlower"))
     os.utime(path, (2, 2))
     assert rules.reload() and [r.key for r in rules.rules] == ["ls/LSSlower"]
