@@ -1,0 +1,92 @@
+"""The EWMA detector (a built-in plugin): how far a value is from the series' own recent normal.
+
+Measured on the lab node, each signal has its own resting level and noise (an idle LS process
+already showed ~8 us run-queue wait per timeslice), so fixed thresholds are either deaf or
+noisy. This detector keeps an exponentially weighted mean and variance per series with river's
+streaming statistics and fires when the z-score leaves a band, after a warm-up. It stops
+learning while an alert is active, so an incident never teaches it that the incident is normal.
+
+Parameters (rule `params`):
+  fading_factor  weight of the newest value in the mean and variance, 0 < f <= 1 (default 0.1)
+  band           z-score that counts as crossed (default 3)
+  recover_band   z-score at or under which it counts as recovered (default 1)
+  direction      up, down or both (default up: interference raises latency and stalls)
+  warmup         evaluations to learn from before it may fire (default 30)
+  min_std        floor of the standard deviation, in the signal's unit (default 0)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sloguard.detector.api import Verdict, hookimpl
+
+_PARAMS = {"fading_factor", "band", "recover_band", "direction", "warmup", "min_std"}
+
+
+class EWMA:
+    name = "ewma"
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        unknown = set(params) - _PARAMS
+        if unknown:
+            raise ValueError(f"unknown ewma parameter(s): {', '.join(sorted(unknown))}")
+        try:
+            fading = float(params.get("fading_factor", 0.1))
+            self.band = float(params.get("band", 3.0))
+            self.recover_band = float(params.get("recover_band", 1.0))
+            self.warmup = int(params.get("warmup", 30))
+            self.min_std = float(params.get("min_std", 0.0))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"ewma parameters must be numbers: {exc}") from exc
+        self.direction = params.get("direction", "up")
+        if self.direction not in ("up", "down", "both"):
+            raise ValueError("direction must be up, down or both")
+        if not 0 < fading <= 1:
+            raise ValueError("fading_factor must be in (0, 1]")
+        if self.band <= 0 or not 0 <= self.recover_band <= self.band:
+            raise ValueError("need band > 0 and 0 <= recover_band <= band")
+        if self.warmup < 0 or self.min_std < 0:
+            raise ValueError("warmup and min_std must not be negative")
+        from river import stats  # only nodes with EWMA rules pay for river
+
+        self.mean = stats.EWMean(fading_factor=fading)
+        self.var = stats.EWVar(fading_factor=fading)
+        self.learned = 0
+        self.active = False
+
+    def zscore(self, value: float) -> float:
+        std = max(math.sqrt(max(self.var.get(), 0.0)), self.min_std)
+        delta = value - self.mean.get()
+        if std == 0:
+            return 0.0 if delta == 0 else math.copysign(math.inf, delta)
+        return delta / std
+
+    def update(self, value: float, time_ns: int) -> Verdict:
+        if math.isnan(value):
+            return Verdict(False, True, None, "no data")
+        if self.learned < max(self.warmup, 2):  # too little history for a variance
+            self._learn(value)
+            return Verdict(False, True, None, f"warming up ({self.learned}/{self.warmup})")
+        z = self.zscore(value)
+        deviation = {"up": z, "down": -z, "both": abs(z)}[self.direction]
+        crossed = deviation > self.band
+        recovered = deviation <= self.recover_band
+        self.active = crossed or (self.active and not recovered)
+        std = max(math.sqrt(max(self.var.get(), 0.0)), self.min_std)
+        sign = -1 if self.direction == "down" else 1
+        threshold = self.mean.get() + sign * self.band * std
+        if not self.active:
+            self._learn(value)
+        return Verdict(crossed, recovered, threshold, f"z={z:.1f}")
+
+    def _learn(self, value: float) -> None:
+        self.mean.update(value)
+        self.var.update(value)
+        self.learned += 1
+
+
+@hookimpl
+def sloguard_detectors() -> list[type]:
+    return [EWMA]
