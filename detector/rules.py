@@ -87,6 +87,14 @@ class RuleFileSpec(BaseModel):
     groups: list[GroupSpec]
 
 
+def rule_file_schema() -> dict[str, Any]:
+    """JSON Schema of a rule file, for editors (yaml-language-server) and CI linters."""
+    schema = RuleFileSpec.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "sloguard rule file"
+    return schema
+
+
 @dataclass(frozen=True)
 class LoadedRule:
     group: str

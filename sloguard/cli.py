@@ -158,6 +158,14 @@ def rules_check(
         raise typer.Exit(1)
 
 
+@rules_app.command("schema")
+def rules_schema() -> None:
+    """Print the JSON Schema of rule files (for editors; docs/rules.schema.json is this)."""
+    from sloguard.detector.rules import rule_file_schema
+
+    typer.echo(json.dumps(rule_file_schema(), indent=2))
+
+
 @app.command()
 def version() -> None:
     """Print the version."""

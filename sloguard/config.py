@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    WithJsonSchema,
     field_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -31,8 +32,21 @@ ENV_PREFIX = "SLOGUARD_"
 ENV_NESTED = "__"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
-Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
+Duration = Annotated[
+    float, BeforeValidator(parse_duration), Field(ge=0),
+    WithJsonSchema({"anyOf": [
+        {"type": "number", "minimum": 0, "description": "seconds"},
+        {"type": "string", "pattern": r"^(\d+(\.\d+)?(ms|s|m|h|d|w))+$",
+         "examples": ["500ms", "10s", "1m30s", "6h"]},
+    ]}),
+]
+Size = Annotated[
+    int, BeforeValidator(parse_size), Field(ge=0),
+    WithJsonSchema({"anyOf": [
+        {"type": "integer", "minimum": 0, "description": "bytes"},
+        {"type": "string", "examples": ["512MiB", "1GiB", "100MB"]},
+    ]}),
+]
 
 
 class _Section(BaseModel):
