@@ -16,6 +16,7 @@ import logging
 import math
 import re
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -84,6 +85,8 @@ class Engine:
     _detectors: dict[tuple[str, SeriesKey], tuple[Any, Any]] = field(default_factory=dict)
     _unsaved: dict[str, Incident] = field(default_factory=dict)
     _hung: dict[str, Any] = field(default_factory=dict)  # rule key -> spec that hung
+    # (rule key, series) -> whether each of the last M evaluations crossed (for_evaluations)
+    _history: dict[tuple[str, SeriesKey], deque[bool]] = field(default_factory=dict)
     _pool: ThreadPoolExecutor | None = None
 
     def restore(self) -> int:
@@ -151,6 +154,7 @@ class Engine:
                 del self.status[key]
         for key in [k for k in self._detectors if k[0] not in keys]:
             del self._detectors[key]
+            self._history.pop(key, None)
 
     def _values(self, rule: LoadedRule, now_ns: int) -> dict[SeriesKey, float]:
         spec = rule.spec
@@ -199,6 +203,7 @@ class Engine:
         for key in [k for k in self._detectors
                     if k[0] == rule.key and k[1] not in values and k[1] not in open_series]:
             del self._detectors[key]  # the series went away: forget its detector
+            self._history.pop(key, None)
 
     def _detector(self, rule: LoadedRule, series: SeriesKey) -> Any:
         """The series' detector, rebuilt when the rule's parameters changed on reload."""
@@ -236,6 +241,13 @@ class Engine:
         spec, key = rule.spec, (rule.key, series)
         shown = None if math.isnan(value) else float(value)
         state = self.states.get(key)
+        counted = spec.for_evaluations
+        history = None
+        if counted is not None:
+            history = self._history.get(key)
+            if history is None or history.maxlen != counted.of:
+                history = self._history[key] = deque(history or (), maxlen=counted.of)
+            history.append(verdict.crossed)
         if state is None:
             if verdict.crossed:
                 incident = self._open(rule, series, shown, verdict.threshold, now_ns)
@@ -244,7 +256,9 @@ class Engine:
             return
         incident = state.incident
         if incident.state == PENDING:
-            if verdict.crossed:  # pending needs the condition to hold throughout `for`
+            # Pending needs the condition to hold throughout `for`; with `for_evaluations`, it
+            # lives as long as any of the last M evaluations crossed.
+            if verdict.crossed or (history is not None and any(history)):
                 incident.add_evidence(Evidence(now_ns, shown, verdict.threshold))
                 self._maybe_fire(rule, state, shown, now_ns)
             else:
@@ -293,7 +307,10 @@ class Engine:
                     now_ns: int) -> None:
         incident = state.incident
         incident.updated_ns = now_ns
-        if now_ns - incident.started_ns >= rule.spec.for_ * 1e9:
+        counted = rule.spec.for_evaluations
+        history = self._history.get((rule.key, tuple(sorted(incident.series.items()))))
+        enough = counted is None or (history is not None and sum(history) >= counted.crossed)
+        if enough and now_ns - incident.started_ns >= rule.spec.for_ * 1e9:
             _annotate(incident, rule, value, incident.evidence[0].threshold)
             incident.state = FIRING
             incident.fired_ns = now_ns

@@ -29,7 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sloguard.config import Duration
 from sloguard.selectors import Selector, parse_selector
@@ -39,6 +46,21 @@ from sloguard.yamlfile import YamlFileError, nearest, read_yaml
 log = logging.getLogger(__name__)
 
 AGGREGATES_EXTRA = ("rate",)
+
+
+class EvaluationCount(BaseModel):
+    """Fire on `crossed` of the last `of` evaluations, rather than on every one of them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    crossed: int = Field(ge=1)
+    of: int = Field(ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _order(self) -> EvaluationCount:
+        if self.crossed > self.of:
+            raise ValueError(f"crossed ({self.crossed}) cannot exceed of ({self.of})")
+        return self
 
 
 class RuleSpec(BaseModel):
@@ -52,6 +74,8 @@ class RuleSpec(BaseModel):
     detector: str = "threshold"
     params: dict[str, Any] = Field(default_factory=dict)
     for_: Duration = Field(0.0, alias="for")
+    for_evaluations: EvaluationCount | None = Field(
+        None, description="fire when this many of the last evaluations crossed (with `for`)")
     recover_for: Duration = 0.0
     severity: Literal["info", "warning", "critical"] = "warning"
     labels: dict[str, str] = Field(default_factory=dict)

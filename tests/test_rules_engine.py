@@ -414,3 +414,25 @@ def test_windows_stay_bounded_after_a_clock_step_back(tmp_path):
     assert len(points) <= 5  # a 3 s window (+1 s slack): not every sample since the step
     assert [t for t, _ in points][-1] == T0 - 7181 * S
     assert h.all()[0].state == FIRING
+
+
+def test_for_evaluations_fires_on_n_of_the_last_m(tmp_path):
+    text = RULES.replace("for: 2s", "for: 0s\n        for_evaluations: {crossed: 3, of: 5}")
+    h = _Harness(tmp_path, text)
+    for second, value in enumerate([30, 1, 30, 1]):  # 2 of the last 5: still pending
+        h.at(second, float(value))
+    assert h.all()[0].state == PENDING  # a single quiet evaluation does not cancel it
+    h.at(4, 30.0)  # 3 of the last 5
+    assert h.all()[0].state == FIRING
+    (tmp_path / "b").mkdir()
+    h2 = _Harness(tmp_path / "b", text)
+    for second, value in enumerate([30, 1, 1, 1, 1, 1]):  # no crossing in the last 5: dropped
+        h2.at(second, float(value))
+    assert h2.all() == []
+
+
+def test_for_evaluations_is_validated(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(RULES.replace("for: 2s", "for_evaluations: {crossed: 6, of: 5}"))
+    with pytest.raises(RuleFileError, match="crossed \\(6\\) cannot exceed of \\(5\\)"):
+        load_rule_file(path)
