@@ -1,0 +1,1 @@
+"""Scores of detectors on public benchmarks (TCPD now; NAB with issue #3's `sloguard score`)."""

@@ -1,0 +1,84 @@
+"""The Turing Change Point Dataset's metrics: F1 with a margin, and segmentation cover.
+
+Implemented from the benchmark's published definitions (van den Burg and Williams, 2020):
+precision against the union of the annotators' change points, recall averaged over annotators,
+index 0 counted as a change point on every side; cover averaged over annotators. The test
+checks this implementation against the published "no change points" figures of the data set.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    values: list[list[float | None]]  # one list per dimension
+    annotations: dict[str, list[int]]
+
+    @property
+    def n_obs(self) -> int:
+        return len(self.values[0])
+
+
+def load(data_dir: Path, annotations_file: Path) -> list[Series]:
+    """Every data set of a TCPD-format directory that has annotations."""
+    annotations = json.loads(Path(annotations_file).read_text())
+    out = []
+    for name in sorted(annotations):
+        path = Path(data_dir) / name / f"{name}.json"
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        values = [[None if v is None else float(v) for v in s["raw"]] for s in data["series"]]
+        out.append(Series(name, values, {k: list(v) for k, v in annotations[name].items()}))
+    return out
+
+
+def true_positives(truth: Iterable[int], predicted: Iterable[int], margin: int = 5) -> set[int]:
+    """True change points matched one-to-one to the closest prediction within `margin`."""
+    unmatched = set(predicted)
+    found = set()
+    for tau in sorted(set(truth)):
+        close = sorted((abs(tau - x), x) for x in unmatched if abs(tau - x) <= margin)
+        if close:
+            found.add(tau)
+            unmatched.remove(close[0][1])
+    return found
+
+
+def f_measure(annotations: dict[str, list[int]], predicted: Iterable[int], margin: int = 5,
+              alpha: float = 0.5) -> tuple[float, float, float]:
+    """(F, precision, recall) as the TCPD benchmark defines them."""
+    per_annotator = [set(cps) | {0} for cps in annotations.values()]
+    prediction = set(predicted) | {0}
+    union = set().union(*per_annotator)
+    precision = len(true_positives(union, prediction, margin)) / len(prediction)
+    recall = sum(len(true_positives(t, prediction, margin)) / len(t)
+                 for t in per_annotator) / len(per_annotator)
+    if precision == 0 and recall == 0:
+        return 0.0, precision, recall
+    return precision * recall / (alpha * recall + (1 - alpha) * precision), precision, recall
+
+
+def _partition(locations: Iterable[int], n_obs: int) -> list[set[int]]:
+    cps = sorted({c for c in locations if 0 < c < n_obs})
+    bounds = [0, *cps, n_obs]
+    return [set(range(a, b)) for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def covering(annotations: dict[str, list[int]], predicted: Iterable[int], n_obs: int) -> float:
+    """Segmentation cover of each annotator's partition by the predicted one, averaged."""
+    mine = _partition(predicted, n_obs)
+    covers = []
+    for cps in annotations.values():
+        total = 0.0
+        for segment in _partition(cps, n_obs):
+            total += len(segment) * max(len(segment & r) / len(segment | r) for r in mine)
+        covers.append(total / n_obs)
+    return sum(covers) / len(covers)
