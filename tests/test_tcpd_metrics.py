@@ -6,8 +6,8 @@ import statistics
 from pathlib import Path
 
 import pytest
-
 from conftest import need
+
 from sloguard.detector.scoring import tcpd
 
 TCPD = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "tcpd"

@@ -1,0 +1,78 @@
+"""The change-point detector on level shifts: when, by how much, and back."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from sloguard.detector.registry import DetectorRegistry
+
+REGISTRY = DetectorRegistry()
+S = 10**9
+
+
+def _feed(detector, values, start=0):
+    return [detector.update(float(v), (start + i) * S) for i, v in enumerate(values)]
+
+
+def test_a_level_shift_fires_quickly_names_its_size_and_recovers():
+    rng = random.Random(3)
+    detector = REGISTRY.make("changepoint", {"window": 120, "min_relative": 0.5})
+    quiet = _feed(detector, [10 + rng.gauss(0, 0.5) for _ in range(100)])
+    assert not any(v.crossed for v in quiet)
+    shifted = _feed(detector, [30 + rng.gauss(0, 0.5) for _ in range(40)], start=100)
+    first = next(i for i, v in enumerate(shifted) if v.crossed)
+    assert first < 10  # found within a few points of the change (min_size is 5)
+    # The change happened at t = 100 s (00:01:40); detected this early, its location and size
+    # are estimated from the few points since.
+    note = shifted[first].note
+    assert note.startswith("changed at 00:01:3") or note.startswith("changed at 00:01:4"), note
+    assert " by +" in note
+    assert shifted[first].threshold == pytest.approx(10, abs=0.5)  # the level before
+    assert all(v.crossed for v in shifted[first:])  # holds while the level stays up
+    back = _feed(detector, [10 + rng.gauss(0, 0.5) for _ in range(20)], start=140)
+    recovered = next(i for i, v in enumerate(back) if v.recovered)
+    assert recovered < 5 and not back[recovered].crossed
+
+
+def test_direction_thresholds_and_no_data():
+    rng = random.Random(5)
+    base = [100 + rng.gauss(0, 1) for _ in range(60)]
+    up_only = REGISTRY.make("changepoint", {"window": 80})
+    _feed(up_only, base)
+    assert not any(v.crossed for v in _feed(up_only, [60.0] * 15, start=60))  # a drop
+    down = REGISTRY.make("changepoint", {"window": 80, "direction": "down"})
+    _feed(down, base)
+    assert any(v.crossed for v in _feed(down, [60.0] * 15, start=60))
+    small = REGISTRY.make("changepoint", {"window": 80, "min_shift": 20})
+    _feed(small, base)
+    assert not any(v.crossed for v in _feed(small, [110.0] * 15, start=60))  # +10 < 20
+    nan = small.update(math.nan, 0)
+    assert not nan.crossed and nan.recovered
+
+
+def test_binseg_method_and_bad_parameters():
+    detector = REGISTRY.make("changepoint", {"method": "binseg", "window": 60})
+    _feed(detector, [1.0, 1.2, 0.8] * 15)
+    assert any(v.crossed for v in _feed(detector, [9.0] * 10, start=45))
+    for bad in ({"window": 5}, {"window": 10_000}, {"method": "magic"}, {"direction": "x"},
+                {"penalty": 0}, {"windw": 10}, {"min_size": "big"}):
+        with pytest.raises(ValueError):
+            REGISTRY.make("changepoint", bad)
+
+
+def test_page_hinkley_streams_a_shift_and_recovers():
+    rng = random.Random(0)
+    detector = REGISTRY.make("page_hinkley", {"threshold": 50})
+    quiet = _feed(detector, [rng.gauss(10, 1) for _ in range(200)])
+    assert not any(v.crossed for v in quiet)
+    shifted = _feed(detector, [rng.gauss(15, 1) for _ in range(40)], start=200)
+    first = next(i for i, v in enumerate(shifted) if v.crossed)
+    assert first < 15 and shifted[first].threshold == pytest.approx(10, abs=0.3)
+    assert all(v.crossed for v in shifted[first + 5:])
+    back = _feed(detector, [rng.gauss(10, 1) for _ in range(10)], start=240)
+    assert any(v.recovered and not v.crossed for v in back)
+    with pytest.raises(ValueError):
+        REGISTRY.make("page_hinkley", {"threshold": -1})
