@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Protocol
 
 from sloguard.detector.hookspecs import hookimpl
 
-__all__ = ["Detector", "Verdict", "hookimpl"]
+__all__ = ["Detector", "Verdict", "hookimpl", "reject_unknown"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,13 @@ class Verdict:
     recovered: bool
     threshold: float | None = None
     note: str = ""
+
+
+def reject_unknown(params: dict[str, Any], allowed: set[str], detector: str) -> None:
+    """Refuse misspelt parameters: a typo must fail the rule file, not silently use a default."""
+    unknown = set(params) - allowed
+    if unknown:
+        raise ValueError(f"unknown {detector} parameter(s): {', '.join(sorted(unknown))}")
 
 
 class Detector(Protocol):

@@ -29,7 +29,7 @@ from collections import deque
 from datetime import UTC, datetime
 from typing import Any
 
-from sloguard.detector.api import Verdict, hookimpl
+from sloguard.detector.api import Verdict, hookimpl, reject_unknown
 
 _PARAMS = {"window", "penalty", "min_size", "recent", "min_shift", "min_relative", "direction",
            "method"}
@@ -39,9 +39,7 @@ class ChangePoint:
     name = "changepoint"
 
     def __init__(self, params: dict[str, Any]) -> None:
-        unknown = set(params) - _PARAMS
-        if unknown:
-            raise ValueError(f"unknown changepoint parameter(s): {', '.join(sorted(unknown))}")
+        reject_unknown(params, _PARAMS, self.name)
         try:
             self.window = int(params.get("window", 120))
             self.penalty = float(params.get("penalty", 2.0))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sloguard.detector.api import Verdict, hookimpl
+from sloguard.detector.api import Verdict, hookimpl, reject_unknown
 
 _PARAMS = {"fading_factor", "band", "recover_band", "direction", "warmup", "min_std"}
 
@@ -29,9 +29,7 @@ class EWMA:
     name = "ewma"
 
     def __init__(self, params: dict[str, Any]) -> None:
-        unknown = set(params) - _PARAMS
-        if unknown:
-            raise ValueError(f"unknown ewma parameter(s): {', '.join(sorted(unknown))}")
+        reject_unknown(params, _PARAMS, self.name)
         try:
             fading = float(params.get("fading_factor", 0.1))
             self.band = float(params.get("band", 3.0))

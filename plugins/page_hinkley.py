@@ -21,7 +21,7 @@ import math
 from collections import deque
 from typing import Any
 
-from sloguard.detector.api import Verdict, hookimpl
+from sloguard.detector.api import Verdict, hookimpl, reject_unknown
 
 _PARAMS = {"threshold", "delta", "alpha", "min_instances", "direction", "recent"}
 _MODE = {"up": "up", "down": "down", "both": "both"}
@@ -31,9 +31,7 @@ class PageHinkley:
     name = "page_hinkley"
 
     def __init__(self, params: dict[str, Any]) -> None:
-        unknown = set(params) - _PARAMS
-        if unknown:
-            raise ValueError(f"unknown page_hinkley parameter(s): {', '.join(sorted(unknown))}")
+        reject_unknown(params, _PARAMS, self.name)
         direction = params.get("direction", "up")
         if direction not in _MODE:
             raise ValueError("direction must be up, down or both")

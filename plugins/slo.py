@@ -23,20 +23,14 @@ import math
 from collections import deque
 from typing import Any
 
-from sloguard.detector.api import Verdict, hookimpl
-
-
-def _numbers(params: dict[str, Any], allowed: set[str], name: str) -> None:
-    unknown = set(params) - allowed
-    if unknown:
-        raise ValueError(f"unknown {name} parameter(s): {', '.join(sorted(unknown))}")
+from sloguard.detector.api import Verdict, hookimpl, reject_unknown
 
 
 class SloLatency:
     name = "slo_latency"
 
     def __init__(self, params: dict[str, Any]) -> None:
-        _numbers(params, {"target", "recover_ratio"}, self.name)
+        reject_unknown(params, {"target", "recover_ratio"}, self.name)
         if "target" not in params:
             raise ValueError("slo_latency needs `target` (the latency objective)")
         try:
@@ -58,7 +52,7 @@ class BurnRate:
     name = "burn_rate"
 
     def __init__(self, params: dict[str, Any]) -> None:
-        _numbers(params, {"objective", "factor", "long", "short"}, self.name)
+        reject_unknown(params, {"objective", "factor", "long", "short"}, self.name)
         try:
             objective = float(params.get("objective", 0.999))
             self.factor = float(params.get("factor", 14.4))

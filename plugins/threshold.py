@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sloguard.detector.api import Verdict, hookimpl
+from sloguard.detector.api import Verdict, hookimpl, reject_unknown
 
 
 class Threshold:
@@ -18,9 +18,7 @@ class Threshold:
     name = "threshold"
 
     def __init__(self, params: dict[str, Any]) -> None:
-        unknown = set(params) - {"above", "below", "recover_below", "recover_above"}
-        if unknown:
-            raise ValueError(f"unknown threshold parameter(s): {', '.join(sorted(unknown))}")
+        reject_unknown(params, {"above", "below", "recover_below", "recover_above"}, self.name)
         if ("above" in params) == ("below" in params):
             raise ValueError("threshold needs exactly one of `above` or `below`")
         self.upward = "above" in params

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sloguard.detector.api import Verdict, hookimpl
+from sloguard.detector.api import Verdict, hookimpl, reject_unknown
 
 _PARAMS = {"factor", "recover_factor", "floor", "half_life", "warmup"}
 
@@ -29,9 +29,7 @@ class BaselineRatio:
     name = "baseline_ratio"
 
     def __init__(self, params: dict[str, Any]) -> None:
-        unknown = set(params) - _PARAMS
-        if unknown:
-            raise ValueError(f"unknown baseline_ratio parameter(s): {', '.join(sorted(unknown))}")
+        reject_unknown(params, _PARAMS, self.name)
         try:
             self.factor = float(params.get("factor", 3.0))
             self.recover_factor = float(params.get("recover_factor", self.factor / 1.5))
