@@ -152,12 +152,13 @@ class Engine:
         for key in list(self.status):
             if key not in keys:
                 del self.status[key]
-        for key in [k for k in self._detectors if k[0] not in keys]:
+        for key in [k for k in self._detectors if k[0].split("#", 1)[0] not in keys]:
             del self._detectors[key]
             self._history.pop(key, None)
 
-    def _values(self, rule: LoadedRule, now_ns: int) -> dict[SeriesKey, float]:
-        spec = rule.spec
+    def _values(self, rule: LoadedRule, now_ns: int, spec: Any = None) -> dict[SeriesKey, float]:
+        """One aggregate per series of the rule's signal (or of one of its conditions)."""
+        spec = spec or rule.spec
         subscription, _ = self.windows.subscribe(spec.selector, spec.field, spec.window)
         window = subscription.window(now_ns - int(spec.window * 1e9), now_ns + 1)
         return {key: aggregate(times, values, spec.aggregate)
@@ -170,8 +171,9 @@ class Engine:
         live data. Returns the number of samples backfilled.
         """
         subscriptions, loaded = [], 0
-        for rule in self.rules.rules:
-            spec = rule.spec
+        signals = [(rule, spec) for rule in self.rules.rules
+                   for spec in (rule.spec, *rule.spec.and_)]
+        for rule, spec in signals:
             subscription, new = self.windows.subscribe(spec.selector, spec.field, spec.window)
             subscriptions.append(subscription)
             if not new or store is None:
@@ -191,30 +193,45 @@ class Engine:
     def _step_rule(self, rule: LoadedRule, values: dict[SeriesKey, float], now_ns: int) -> None:
         open_series = {s for (k, s) in self.states if k == rule.key}
         series_now = set(values) | open_series
-        detectors = {s: self._detector(rule, s) for s in series_now}
-        inputs = {s: values.get(s, math.nan) for s in series_now}
-        verdicts = self._guarded(rule, lambda: {
-            s: detectors[s].update(v, now_ns) for s, v in inputs.items()})
+        jobs = [(rule.key, rule.spec, {s: values.get(s, math.nan) for s in series_now})]
+        for index, condition in enumerate(rule.spec.and_):  # compound rules: other signals
+            jobs.append((f"{rule.key}#and{index}", condition,
+                         self._values(rule, now_ns, condition)))
+        detectors = [{s: self._detector(key, spec, s) for s in inputs}
+                     for key, spec, inputs in jobs]
+        verdicts = self._guarded(rule, lambda: [
+            {s: found[s].update(v, now_ns) for s, v in inputs.items()}
+            for found, (_, _, inputs) in zip(detectors, jobs, strict=True)])
+        for (key, _, inputs), judged in zip(jobs, verdicts, strict=True):
+            for series, value in inputs.items():
+                if math.isnan(value) and judged[series].crossed:  # no data never fires,
+                    judged[series] = Verdict(False, True, judged[series].threshold, "no data")
+            for stale in [k for k in self._detectors if k[0] == key and k[1] not in inputs]:
+                del self._detectors[stale]  # the series went away: forget its detector
+                self._history.pop(stale, None)
+        holds, notes = True, []
+        for (_, condition, _), judged in zip(jobs[1:], verdicts[1:], strict=True):
+            crossed = sum(v.crossed for v in judged.values())
+            holds = holds and crossed > 0
+            notes.append(f"{condition.expr} {condition.field}: {crossed} of {len(judged)} "
+                         "series crossed")
         for series in series_now:
-            value, verdict = inputs[series], verdicts[series]
-            if math.isnan(value) and verdict.crossed:  # no data never fires, whatever a
-                verdict = Verdict(False, True, verdict.threshold, "no data")  # plugin says
-            self._step(rule, series, value, verdict, now_ns)
-        for key in [k for k in self._detectors
-                    if k[0] == rule.key and k[1] not in values and k[1] not in open_series]:
-            del self._detectors[key]  # the series went away: forget its detector
-            self._history.pop(key, None)
+            verdict = verdicts[0][series]
+            if jobs[1:]:
+                verdict = Verdict(verdict.crossed and holds, verdict.recovered or not holds,
+                                  verdict.threshold, "; ".join(filter(None, [verdict.note,
+                                                                             *notes])))
+            self._step(rule, series, jobs[0][2][series], verdict, now_ns)
 
-    def _detector(self, rule: LoadedRule, series: SeriesKey) -> Any:
+    def _detector(self, key: str, spec: Any, series: SeriesKey) -> Any:
         """The series' detector, rebuilt when the rule's parameters changed on reload."""
-        key = (rule.key, series)
-        entry = self._detectors.get(key)
-        if entry is None or entry[0] != rule.spec:
-            entry = self._detectors[key] = (rule.spec, self.registry.make(rule.spec.detector,
-                                                                          rule.spec.params))
+        entry = self._detectors.get((key, series))
+        if entry is None or entry[0] != spec:
+            entry = self._detectors[(key, series)] = (spec, self.registry.make(spec.detector,
+                                                                               spec.params))
         return entry[1]
 
-    def _guarded(self, rule: LoadedRule, run: Callable[[], dict]) -> dict:
+    def _guarded(self, rule: LoadedRule, run: Callable[[], Any]) -> Any:
         """Run the rule's detector code, cut off after `timeout_s`.
 
         A thread cannot be killed: a hung plugin keeps its worker, which is abandoned, and the
@@ -230,7 +247,7 @@ class Engine:
             self._pool.shutdown(wait=False)
             self._pool = None
             self._hung[rule.key] = rule.spec
-            for key in [k for k in self._detectors if k[0] == rule.key]:
+            for key in [k for k in self._detectors if k[0].split("#", 1)[0] == rule.key]:
                 del self._detectors[key]
             raise TimeoutError(
                 f"detector {rule.spec.detector!r} took longer than {self.timeout_s:g}s; "
@@ -250,7 +267,8 @@ class Engine:
             history.append(verdict.crossed)
         if state is None:
             if verdict.crossed:
-                incident = self._open(rule, series, shown, verdict.threshold, now_ns)
+                incident = self._open(rule, series, shown, verdict.threshold, now_ns,
+                                      verdict.note)
                 state = self.states[key] = AlertState(incident)
                 self._maybe_fire(rule, state, shown, now_ns)
             return
@@ -259,7 +277,7 @@ class Engine:
             # Pending needs the condition to hold throughout `for`; with `for_evaluations`, it
             # lives as long as any of the last M evaluations crossed.
             if verdict.crossed or (history is not None and any(history)):
-                incident.add_evidence(Evidence(now_ns, shown, verdict.threshold))
+                incident.add_evidence(Evidence(now_ns, shown, verdict.threshold, verdict.note))
                 self._maybe_fire(rule, state, shown, now_ns)
             else:
                 del self.states[key]
@@ -268,7 +286,7 @@ class Engine:
             return
         if not verdict.recovered:  # firing, or back above the recover bound: hold restarts
             state.recover_since_ns = None
-            incident.add_evidence(Evidence(now_ns, shown, verdict.threshold))
+            incident.add_evidence(Evidence(now_ns, shown, verdict.threshold, verdict.note))
             incident.updated_ns = now_ns
             self._save(incident)
             return
@@ -282,7 +300,7 @@ class Engine:
 
     def _open(
         self, rule: LoadedRule, series: SeriesKey, value: float | None,
-        threshold: float | None, now_ns: int,
+        threshold: float | None, now_ns: int, note: str = "",
     ) -> Incident:
         spec, tags = rule.spec, dict(series)
         incident = Incident(
@@ -298,7 +316,8 @@ class Engine:
             updated_ns=now_ns,
             labels={**tags, **spec.labels},
             affected=affected_workloads(tags, self.inventory()),
-            evidence=[Evidence(now_ns, value, threshold, "crossed")],
+            evidence=[Evidence(now_ns, value, threshold,
+                               f"crossed: {note}" if note else "crossed")],
         )
         _annotate(incident, rule, value, threshold)
         return incident

@@ -63,23 +63,17 @@ class EvaluationCount(BaseModel):
         return self
 
 
-class RuleSpec(BaseModel):
+class SignalSpec(BaseModel):
+    """A signal and the detector that judges it: what a rule and each of its conditions have."""
+
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    alert: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     expr: str = Field(description="series selector: measurement{tag=\"value\", ...}")
     field: str
     aggregate: str = "mean"
     window: Duration = 10.0
     detector: str = "threshold"
     params: dict[str, Any] = Field(default_factory=dict)
-    for_: Duration = Field(0.0, alias="for")
-    for_evaluations: EvaluationCount | None = Field(
-        None, description="fire when this many of the last evaluations crossed (with `for`)")
-    recover_for: Duration = 0.0
-    severity: Literal["info", "warning", "critical"] = "warning"
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("expr")
     @classmethod
@@ -95,6 +89,26 @@ class RuleSpec(BaseModel):
     @property
     def selector(self) -> Selector:
         return parse_selector(self.expr)
+
+
+class Condition(SignalSpec):
+    """Another signal that must agree before a compound rule fires (e.g. BE CPU high while LS
+    latency is up). It holds while any of its series is crossed."""
+
+
+class RuleSpec(SignalSpec):
+    alert: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    and_: list[Condition] = Field(
+        default_factory=list, alias="and",
+        description="conditions that must all hold too; the rule stays one alert per series "
+                    "of its own expr")
+    for_: Duration = Field(0.0, alias="for")
+    for_evaluations: EvaluationCount | None = Field(
+        None, description="fire when this many of the last evaluations crossed (with `for`)")
+    recover_for: Duration = 0.0
+    severity: Literal["info", "warning", "critical"] = "warning"
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
 
 
 class GroupSpec(BaseModel):
@@ -171,12 +185,16 @@ def load_rule_file(path: Path, validate_params: Any = None) -> list[LoadedRule]:
                 problems.append(f"{source}: {'.'.join(loc)}: rule {loaded.key} is defined twice")
             seen.add(loaded.key)
             if validate_params is not None:
-                try:
-                    validate_params(rule)
-                except ValueError as exc:
-                    at = (*loc, "params") if (*loc, "params") in lines else (*loc, "detector")
-                    pline, pcolumn = nearest(lines, at)
-                    problems.append(f"{path}:{pline}:{pcolumn}: {'.'.join(at)}: {exc}")
+                signals = [(loc, rule)] + [((*loc, "and", str(ci)), cond)
+                                           for ci, cond in enumerate(rule.and_)]
+                for where, signal in signals:
+                    try:
+                        validate_params(signal)
+                    except ValueError as exc:
+                        at = (*where, "params") if (*where, "params") in lines else (
+                            *where, "detector")
+                        pline, pcolumn = nearest(lines, at)
+                        problems.append(f"{path}:{pline}:{pcolumn}: {'.'.join(at)}: {exc}")
             rules.append(loaded)
     if problems:
         raise RuleFileError("\n".join(problems))

@@ -436,3 +436,47 @@ def test_for_evaluations_is_validated(tmp_path):
     path.write_text(RULES.replace("for: 2s", "for_evaluations: {crossed: 6, of: 5}"))
     with pytest.raises(RuleFileError, match="crossed \\(6\\) cannot exceed of \\(5\\)"):
         load_rule_file(path)
+
+
+COMPOUND = RULES.replace("        severity: critical", """        and:
+          - expr: cpu{class="BE"}
+            field: usage
+            aggregate: last
+            window: 3s
+            params: {above: 1.5}
+        severity: critical""")
+
+
+def test_compound_rule_fires_only_when_the_conditions_agree(tmp_path):
+    h = _Harness(tmp_path, COMPOUND)
+
+    def be(second, usage, pod="batch"):
+        sample = Sample("cpu", {"node": "node-a", "class": "BE", "pod": pod}, {"usage": usage},
+                        T0 + second * S)
+        h.store.write([sample])
+        h.windows.add([sample])
+
+    for second in range(4):  # LS slow, but BE is idle: no interference to blame
+        be(second, 0.2)
+        h.at(second, 30.0)
+    assert h.all() == []
+    for second in range(4, 8):  # BE busy while LS is slow: fire
+        be(second, 1.9)
+        be(second, 0.1, pod="idle")
+        h.at(second, 30.0)
+    [incident] = h.all()
+    assert incident.state == FIRING and incident.series["pod"] == "web-1"
+    assert 'cpu{class="BE"} usage: 1 of 2 series crossed' in incident.evidence[0].note
+    for second in range(8, 11):  # BE stops: the compound condition is gone, it recovers
+        be(second, 0.1)
+        be(second, 0.1, pod="idle")
+        h.at(second, 30.0)
+    assert h.all()[0].state == RESOLVED
+
+
+def test_compound_conditions_are_validated(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(COMPOUND.replace("params: {above: 1.5}", "params: {abve: 1.5}"))
+    validate = lambda spec: make_detector(spec.detector, spec.params)  # noqa: E731
+    with pytest.raises(RuleFileError, match=r"groups.0.rules.0.and.0.params: unknown threshold"):
+        load_rule_file(path, validate)
