@@ -166,6 +166,107 @@ def rules_schema() -> None:
     typer.echo(json.dumps(rule_file_schema(), indent=2))
 
 
+def _moment(text: str) -> int:
+    """ns since the epoch from `now`, `-1h` (relative to now), an ISO 8601 time or epoch secs."""
+    import time as _time
+    from datetime import UTC, datetime
+
+    from sloguard.units import parse_duration
+
+    text = text.strip()
+    if text == "now":
+        return _time.time_ns()
+    if text.startswith("-"):
+        return _time.time_ns() - int(parse_duration(text[1:]) * 1e9)
+    try:
+        return int(float(text) * 1e9)
+    except ValueError:
+        pass
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1e9)
+
+
+@app.command()
+def backtest(
+    rules: Annotated[list[Path], typer.Option("--rules", help="rule files or directories")],
+    start: Annotated[str, typer.Option("--from", help="now, -1h, ISO 8601 or epoch seconds")],
+    end: Annotated[str, typer.Option("--to", help="as --from")] = "now",
+    step: Annotated[str, typer.Option(help="evaluation step, e.g. 1s")] = "",
+    plot: Annotated[Path | None, typer.Option(help="draw the incidents' series to a PNG")] = None,
+    config: ConfigOpt = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Replay stored history through rules: what would have fired, when, what would have run."""
+    from datetime import UTC, datetime
+
+    from sloguard.detector.backtest import backtest as run_backtest
+    from sloguard.detector.backtest import plot as draw
+    from sloguard.detector.registry import DetectorRegistry
+    from sloguard.detector.rules import RuleSet
+    from sloguard.store import StoreError
+    from sloguard.store.embedded import open_store
+    from sloguard.units import parse_duration
+
+    settings = _load(config, data_dir, None).settings
+    try:
+        start_ns, end_ns = _moment(start), _moment(end)
+        step_s = parse_duration(step) if step else settings.interval
+    except ValueError as exc:
+        typer.echo(f"sloguard: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if end_ns <= start_ns or step_s <= 0:
+        typer.echo("sloguard: --to must be after --from, and --step positive", err=True)
+        raise typer.Exit(2)
+    registry = DetectorRegistry(settings.detectors.plugins,
+                                use_entry_points=settings.detectors.entry_points)
+    ruleset = RuleSet([str(r) for r in rules],
+                      validate_params=lambda spec: registry.make(spec.detector, spec.params))
+    ruleset.reload()
+    if ruleset.errors:
+        for problem in ruleset.errors.values():
+            typer.echo(problem, err=True)
+        raise typer.Exit(1)
+    database = settings.data_dir / "samples.db"
+    if not database.exists():
+        typer.echo(f"sloguard: no stored history at {database}", err=True)
+        raise typer.Exit(2)
+    try:
+        store = open_store(settings.data_dir, settings.store.retention, settings.store.max_size)
+    except StoreError as exc:
+        typer.echo(f"sloguard: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+    def progress(done: float) -> None:
+        typer.echo(f"  replayed {done:4.0%}", err=True)
+
+    result = run_backtest(store, ruleset, registry, start_ns, end_ns, step_s,
+                          node=settings.node_name, progress=progress)
+    store.close()
+
+    def when(ns: int | None) -> str:
+        return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S") if ns else "-"
+
+    typer.echo(f"{len(ruleset.rules)} rules, {result.samples} samples, "
+               f"{result.evaluations} evaluations every {step_s:g}s: "
+               f"{len(result.incidents)} incidents")
+    for incident in result.incidents:
+        series = ", ".join(f"{k}={v}" for k, v in incident.series.items() if k != "node")
+        state = "still firing at the end" if incident.state == "firing" else incident.state
+        typer.echo(f"- {incident.group}/{incident.rule} [{incident.severity}] {series}\n"
+                   f"    pending {when(incident.started_ns)}  fired {when(incident.fired_ns)}  "
+                   f"resolved {when(incident.resolved_ns)}  ({state}, peak {incident.peak})\n"
+                   f"    {incident.summary}")
+        for action in incident.actions:
+            typer.echo(f"    would {action.step} {action.target}: {action.detail}")
+    for key, error in result.rule_errors.items():
+        typer.echo(f"rule {key} failed: {error}", err=True)
+    if plot is not None:
+        draw(result, plot)
+        typer.echo(f"plot: {plot}")
+
+
 @app.command()
 def version() -> None:
     """Print the version."""
