@@ -32,12 +32,7 @@ def methods(min_size: int) -> dict[str, object]:
 
 
 def clean(values: list[float | None]) -> np.ndarray:
-    """Missing values carried forward (the first ones backward)."""
-    out, last = [], next((v for v in values if v is not None), 0.0)
-    for v in values:
-        last = last if v is None else v
-        out.append(last)
-    return np.asarray(out, dtype=float)
+    return np.asarray(tcpd.forward_filled(values), dtype=float)
 
 
 def segment(algo: object, x: np.ndarray, penalty_factor: float) -> list[int]:
@@ -49,7 +44,7 @@ def segment(algo: object, x: np.ndarray, penalty_factor: float) -> list[int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tcpd", type=Path, default=HERE.parent / "shared" / "bench" / "tcpd")
-    parser.add_argument("--penalty-factor", type=float, default=2.0,
+    parser.add_argument("--penalty-factor", type=float, default=3.0,
                         help="penalty = factor x log(n) on z-normalised data (BIC-like)")
     parser.add_argument("--min-size", type=int, default=5)
     args = parser.parse_args()

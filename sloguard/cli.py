@@ -23,6 +23,8 @@ config_app = typer.Typer(help="Inspect the configuration.", no_args_is_help=True
 app.add_typer(config_app, name="config")
 rules_app = typer.Typer(help="Work with rule files.", no_args_is_help=True)
 app.add_typer(rules_app, name="rules")
+score_app = typer.Typer(help="Score detectors on public benchmarks.", no_args_is_help=True)
+app.add_typer(score_app, name="score")
 
 ConfigOpt = Annotated[
     Path | None,
@@ -265,6 +267,45 @@ def backtest(
     if plot is not None:
         draw(result, plot)
         typer.echo(f"plot: {plot}")
+
+
+@score_app.command("tcpd")
+def score_tcpd(
+    data: Annotated[Path, typer.Option(help="the TCPD datasets/ directory")],
+    annotations: Annotated[Path, typer.Option(help="the TCPD annotations.json")],
+    method: Annotated[str, typer.Option(help="kernel, binseg or pelt")] = "kernel",
+    penalty: Annotated[float, typer.Option(help="penalty factor (x log n x variance)")] = 3.0,
+    min_size: Annotated[int, typer.Option(help="fewest points of a segment")] = 5,
+) -> None:
+    """F1 (margin 5) and segmentation cover of the change-point detector's segmentation on a
+    TCPD-format benchmark, next to the "no change points" baseline from the same run."""
+    import numpy as np
+
+    from sloguard.detector.scoring import tcpd
+    from sloguard.plugins.changepoint import make_algorithm
+    from sloguard.plugins.changepoint import penalty as penalty_of
+
+    try:
+        algorithm = make_algorithm(method, min_size)
+        series = tcpd.load(data, annotations)
+    except (ValueError, OSError) as exc:
+        typer.echo(f"sloguard: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if not series:
+        typer.echo(f"sloguard: no annotated data set found under {data}", err=True)
+        raise typer.Exit(2)
+
+    def segment(values: list[float]) -> list[int]:
+        x = np.asarray(values, dtype=float)
+        pen = penalty_of(x, penalty)
+        return [int(b) for b in algorithm.fit(x.reshape(-1, 1)).predict(pen=pen)[:-1]]
+
+    result = tcpd.score(series, segment)
+    typer.echo(f"{result.series} univariate series (of {len(series)}), changepoint "
+               f"method={method} penalty={penalty:g} min_size={min_size}")
+    typer.echo("| detector | F1 | cover |\n|---|---|---|")
+    typer.echo(f"| no change points | {result.baseline_f1:.3f} | {result.baseline_cover:.3f} |")
+    typer.echo(f"| changepoint ({method}) | {result.f1:.3f} | {result.cover:.3f} |")
 
 
 @app.command()

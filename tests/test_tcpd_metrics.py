@@ -36,3 +36,20 @@ def test_no_change_baseline_matches_the_published_figure():
     # ../shared/bench/README.md: "no change points" scores about 0.568 / 0.663 (cover / F1)
     assert f1 == pytest.approx(0.663, abs=0.001)
     assert cover == pytest.approx(0.568, abs=0.001)
+
+
+def test_score_tcpd_meets_the_targets_with_default_parameters(sloguard_bin):
+    import subprocess
+
+    need(TCPD.is_dir(), f"the TCPD benchmark data is not at {TCPD}")
+    out = subprocess.run(
+        [sloguard_bin, "score", "tcpd", "--data", str(TCPD / "datasets"),
+         "--annotations", str(TCPD / "annotations.json")],
+        capture_output=True, text=True, timeout=300, check=True).stdout
+    rows = {line.split("|")[1].strip(): line.split("|")[2:4] for line in out.splitlines()
+            if line.startswith("| ") and "detector" not in line}
+    f1, cover = (float(v) for v in rows["changepoint (kernel)"])
+    base_f1, base_cover = (float(v) for v in rows["no change points"])
+    assert (base_f1, base_cover) == (0.663, 0.568)
+    # issue #3 targets: F1 >= 0.70 and cover >= 0.68 (binseg's published defaults 0.698 / 0.672)
+    assert f1 >= 0.70 and cover >= 0.68, out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,3 +82,37 @@ def covering(annotations: dict[str, list[int]], predicted: Iterable[int], n_obs:
             total += len(segment) * max(len(segment & r) / len(segment | r) for r in mine)
         covers.append(total / n_obs)
     return sum(covers) / len(covers)
+
+
+def forward_filled(values: list[float | None]) -> list[float]:
+    """Missing values carried forward (the first ones backward): segmenters need numbers."""
+    out, last = [], next((v for v in values if v is not None), 0.0)
+    for v in values:
+        last = last if v is None else v
+        out.append(last)
+    return out
+
+
+@dataclass(frozen=True)
+class Score:
+    series: int
+    f1: float
+    cover: float
+    baseline_f1: float  # "no change points", computed in the same run
+    baseline_cover: float
+
+
+def score(series: list[Series], segment: Callable[[list[float]], list[int]],
+          margin: int = 5) -> Score:
+    """Mean F1 and cover of `segment` over univariate series, next to the no-change baseline."""
+    univariate = [s for s in series if len(s.values) == 1]
+    f1s, covers, base_f, base_c = [], [], [], []
+    for s in univariate:
+        cps = segment(forward_filled(s.values[0]))
+        f1s.append(f_measure(s.annotations, cps, margin)[0])
+        covers.append(covering(s.annotations, cps, s.n_obs))
+        base_f.append(f_measure(s.annotations, [], margin)[0])
+        base_c.append(covering(s.annotations, [], s.n_obs))
+    n = max(len(univariate), 1)
+    return Score(len(univariate), sum(f1s) / n, sum(covers) / n, sum(base_f) / n,
+                 sum(base_c) / n)
