@@ -36,13 +36,15 @@ class Verdict:
     `crossed`: past the firing bound (starts pending, keeps pending). `recovered`: past the
     recover bound (counts toward `recover_for` of a firing alert). Between the two, a firing
     alert stays firing and a pending one is cancelled: the hysteresis band. `threshold` is the
-    bound shown as evidence next to the value; `note` says why, in a few words.
+    bound shown as evidence next to the value; `note` says why, in a few words. `score`, when
+    a detector has one, grades how anomalous the value is (used by `sloguard score nab`).
     """
 
     crossed: bool
     recovered: bool
     threshold: float | None = None
     note: str = ""
+    score: float | None = None  # optional anomaly score in [0, 1], for benchmarks and charts
 
 
 def reject_unknown(params: dict[str, Any], allowed: set[str], detector: str) -> None:

@@ -13,6 +13,8 @@ Parameters (rule `params`):
   direction      up, down or both (default up: interference raises latency and stalls)
   warmup         evaluations to learn from before it may fire (default 30)
   min_std        floor of the standard deviation, in the signal's unit (default 0)
+  freeze         stop learning while an alert is active (default true); false keeps adapting,
+                 so a lasting new level becomes the normal (anomaly scoring rather than alerting)
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from sloguard.detector.api import Verdict, hookimpl, reject_unknown
 
-_PARAMS = {"fading_factor", "band", "recover_band", "direction", "warmup", "min_std"}
+_PARAMS = {"fading_factor", "band", "recover_band", "direction", "warmup", "min_std", "freeze"}
 
 
 class EWMA:
@@ -38,6 +40,9 @@ class EWMA:
             self.min_std = float(params.get("min_std", 0.0))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"ewma parameters must be numbers: {exc}") from exc
+        self.freeze = params.get("freeze", True)
+        if not isinstance(self.freeze, bool):
+            raise ValueError("freeze must be true or false")
         self.direction = params.get("direction", "up")
         if self.direction not in ("up", "down", "both"):
             raise ValueError("direction must be up, down or both")
@@ -75,14 +80,25 @@ class EWMA:
         std = max(math.sqrt(max(self.var.get(), 0.0)), self.min_std)
         sign = -1 if self.direction == "down" else 1
         threshold = self.mean.get() + sign * self.band * std
-        if not self.active:
+        if not (self.active and self.freeze):
             self._learn(value)
-        return Verdict(crossed, recovered, threshold, f"z={z:.1f}")
+        return Verdict(crossed, recovered, threshold, f"z={z:.1f}",
+                       score=_grade(deviation, self.band))
 
     def _learn(self, value: float) -> None:
         self.mean.update(value)
         self.var.update(value)
         self.learned += 1
+
+
+def _grade(deviation: float, band: float) -> float:
+    """Anomaly score in [0, 1): 0.5 at the band. Unlike a normal tail probability it does not
+    round to exactly 1 for large z, so a benchmark's threshold can still rank big deviations."""
+    if deviation <= 0:
+        return 0.0
+    if math.isinf(deviation):
+        return 1.0
+    return deviation / (deviation + band)
 
 
 @hookimpl

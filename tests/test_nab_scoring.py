@@ -1,0 +1,90 @@
+"""NAB scoring, checked on hand-computed cases, and `sloguard score nab` on the shared subset."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import need
+from sloguard.detector.scoring import nab
+
+NAB = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "nab"
+STANDARD = {"standard": {"tpWeight": 1.0, "fnWeight": 1.0, "fpWeight": 0.11}}
+LEFT_EDGE = 2 / (1 + math.exp(-5)) - 1  # 0.9866: the weight of a detection at a window's start
+
+
+def test_scaled_sigmoid():
+    assert nab.scaled_sigmoid(-1.0) == pytest.approx(LEFT_EDGE)
+    assert nab.scaled_sigmoid(0.0) == 0.0
+    assert nab.scaled_sigmoid(3.5) == -1.0
+    assert nab.scaled_sigmoid(0.5) < 0  # just after a window: a cheaper false alarm
+
+
+def _corpus(tmp_path: Path) -> list[nab.DataFile]:
+    data = tmp_path / "data" / "cat"
+    data.mkdir(parents=True)
+    with (data / "a.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["timestamp", "value"])
+        for minute in range(1000):
+            writer.writerow([f"2020-01-01 {minute // 60:02d}:{minute % 60:02d}:00", 1.0])
+    windows = tmp_path / "windows.json"
+    # rows 500..599 (08:20 to 09:59)
+    windows.write_text(json.dumps({"cat/a.csv": [["2020-01-01 08:20:00.000000",
+                                                   "2020-01-01 09:59:00.000000"]]}))
+    return nab.load(tmp_path / "data", windows)
+
+
+def _with(files, rows):
+    files[0].scores = [1.0 if r in rows else 0.0 for r in range(1000)]
+    return nab.score(files, STANDARD)[0].normalized
+
+
+def test_hand_computed_scores(tmp_path):
+    files = _corpus(tmp_path)
+    assert files[0].windows == [(500, 599)] and files[0].probation == 150
+    assert _with(files, {500}) == pytest.approx(100.0)  # the perfect detection
+    assert _with(files, set()) == 0.0  # the null detector
+    right_edge = 2 / (1 + math.exp(5 * -0.01)) - 1  # position -(599 - 599 + 1) / 100
+    assert _with(files, {599}) == pytest.approx(100 * (right_edge + 1) / (LEFT_EDGE + 1))
+    # a far false alarm before any window costs the full fpWeight; only the earliest
+    # detection in the window counts
+    assert _with(files, {200, 500, 520}) == pytest.approx(100 * (LEFT_EDGE - 0.11 + 1)
+                                                          / (LEFT_EDGE + 1))
+    assert _with(files, {100, 500}) == pytest.approx(100.0)  # probation is not scored
+    events = nab.events(files, 0.5)
+    assert (events.recall, events.false_alarms) == (1.0, 0)  # row 100 is in probation
+
+
+def test_score_nab_command(tmp_path, sloguard_bin):
+    need(NAB.is_dir(), f"the NAB benchmark data is not at {NAB}")
+    out = tmp_path / "results"
+    result = subprocess.run(
+        [sloguard_bin, "score", "nab", "--data", str(NAB / "data"), "--windows",
+         str(NAB / "windows.json"), "--out", str(out)], capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split("|")[1].strip(): float(line.split("|")[2]) for line in
+            result.stdout.splitlines() if line.startswith("| ") and "profile" not in line}
+    assert set(rows) == {"standard", "reward_low_FP_rate", "reward_low_FN_rate"}
+    assert all(0 <= v <= 100 for v in rows.values())
+    assert rows["standard"] > 20  # well above the null detector (0) on this subset
+    assert "events at the standard threshold: precision" in result.stdout
+    windows = json.loads((NAB / "windows.json").read_text())
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*.csv"))
+    assert written == sorted(windows)
+    with (out / "realAWSCloudwatch" / "ec2_cpu_utilization_24ae8d.csv").open() as handle:
+        table = list(csv.DictReader(handle))
+    assert list(table[0]) == ["timestamp", "value", "anomaly_score", "label"]
+    assert any(r["label"] == "1" for r in table) and all(
+        0 <= float(r["anomaly_score"]) <= 1 for r in table)
+    bad = subprocess.run(
+        [sloguard_bin, "score", "nab", "--data", str(NAB / "data"), "--windows",
+         str(NAB / "windows.json"), "--out", str(out), "--detector", "ewma:band=-1"],
+        capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "band" in bad.stderr
