@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import need
+
 from sloguard.detector.scoring import nab
 
 NAB = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "nab"
