@@ -41,6 +41,8 @@ from sloguard.store.incidents_db import IncidentStore
 
 log = logging.getLogger(__name__)
 
+AGENT_GROUP = "sloguard"  # incidents the agent raises about itself, not from rules
+
 SeriesKey = tuple[tuple[str, str], ...]
 
 
@@ -147,6 +149,8 @@ class Engine:
                     del self.states[(rule_key, series)]
                     self._resolve(state.incident, now_ns, "rule no longer loaded")
             for incident in self.incidents.open_incidents():
+                if incident.group == AGENT_GROUP:
+                    continue  # the agent's own events (e.g. RulesInvalid) end themselves
                 if incident.node == self.node and f"{incident.group}/{incident.rule}" not in keys:
                     self._resolve(incident, now_ns, "rule no longer loaded")
         for key in list(self.status):

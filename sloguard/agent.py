@@ -18,11 +18,12 @@ from prometheus_client import CollectorRegistry
 from sloguard.actuators.dryrun import DryRunActuator
 from sloguard.collectors.cgroups import CgroupCollector
 from sloguard.config import Settings
-from sloguard.detector.engine import Engine
+from sloguard.detector.engine import AGENT_GROUP, Engine
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import RuleSet
 from sloguard.health import ComponentStatus
+from sloguard.incidents import FIRING, RESOLVED, Evidence, Incident, new_incident_id
 from sloguard.samples import Sample
 from sloguard.selfmetrics import AgentMetrics
 from sloguard.store import StoreError
@@ -199,7 +200,9 @@ class Agent:
         self.metrics.tick_duration.observe(time.perf_counter() - started)
 
     def _reload_rules(self) -> None:
-        if self.rules.reload() or not self.ticks:
+        changed = self.rules.reload()
+        self._rules_invalid_event(time.time_ns())
+        if changed or not self.ticks:
             backfilled = self.engine.sync_windows(self.store, time.time_ns())
             if backfilled:
                 log.info("backfilled %d samples of new rules' windows from the store",
@@ -208,6 +211,36 @@ class Agent:
             if restored:
                 log.info("continuing %d open incidents from before the restart", restored)
         self._next_reload = time.monotonic() + RULE_RELOAD_S
+
+    def _rules_invalid_event(self, now_ns: int) -> None:
+        """A rejected rule file is an incident of its own: visible in the UI, the API and (with
+        alerting) Slack, not only in a log line. It resolves when the files load again."""
+        errors = self.rules.errors
+        current = next((i for i in self.incidents.open_incidents()
+                        if i.group == AGENT_GROUP and i.rule == "RulesInvalid"
+                        and i.node == self.node), None)
+        if current is None and not errors:
+            return
+        if current is None:
+            current = Incident(
+                id=new_incident_id(now_ns), fingerprint=f"{self.node}/RulesInvalid",
+                rule="RulesInvalid", group=AGENT_GROUP, severity="warning", node=self.node,
+                state=FIRING, series={"node": self.node}, started_ns=now_ns,
+                updated_ns=now_ns, fired_ns=now_ns)
+        if errors:
+            text = "; ".join(sorted(errors.values()))
+            if not current.evidence or current.evidence[-1].note != text[:2000]:
+                current.add_evidence(Evidence(now_ns, float(len(errors)), None, text[:2000]))
+            current.summary = (f"{len(errors)} rule file(s) or path(s) rejected; the previous "
+                               f"rules stay active: {text[:300]}")
+        else:
+            current.state, current.resolved_ns = RESOLVED, now_ns
+            current.add_evidence(Evidence(now_ns, 0.0, None, "all rule files load"))
+        current.updated_ns = now_ns
+        try:
+            self.incidents.save(current)
+        except Exception as exc:  # retried at the next reload
+            log.error("cannot record the rules-invalid event: %s", exc)
 
     def _enqueue(self, samples: list[Sample]) -> None:
         limit = self.settings.store.buffer_samples

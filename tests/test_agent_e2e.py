@@ -157,5 +157,11 @@ def test_broken_rule_file_is_reported_and_previous_rules_stay(tmp_path, sloguard
         ready = agent.get("/readyz").json()
         rules = next(c for c in ready["components"] if c["name"] == "rules")
         assert not rules["ok"] and "window" in rules["reason"]
+        [event] = agent.incidents(state="firing")  # a visible "rules invalid" event
+        assert event["rule"] == "RulesInvalid" and "groups.0.rules.0.window" in event["summary"]
+        rule_file.write_text(RULES)  # fixed: the event resolves
+        os.utime(rule_file, (2, 2))
+        resolved = agent.wait_for(lambda: agent.incidents(state="resolved"), 20, "not resolved")
+        assert [i["id"] for i in resolved] == [event["id"]]
     finally:
         agent.terminate()
