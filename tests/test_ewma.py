@@ -73,3 +73,33 @@ def test_flat_signal_and_min_std():
 def test_bad_parameters_are_refused(params):
     with pytest.raises(ValueError):
         REGISTRY.make("ewma", params)
+
+
+@pytest.mark.parametrize("params", [
+    {"warmup": 10},
+    {"warmup": 5, "direction": "both", "fading_factor": 0.3, "band": 2.5, "freeze": False},
+    {"warmup": 0, "direction": "down", "min_std": 0.5},
+])
+def test_vectorised_batch_gives_the_same_numbers_as_the_river_detector(params):
+    import numpy as np
+
+    from sloguard.plugins.ewma import EWMABatch
+
+    rng = np.random.default_rng(11)
+    series, steps = 60, 250
+    data = rng.normal(10, 1, (steps, series))
+    data[150:, :20] += 8  # level shifts up
+    data[150:, 20:40] -= 8  # and down
+    data[rng.random((steps, series)) < 0.03] = np.nan  # missing values
+    data[:, 59] = 4.0  # a perfectly flat series
+    batch = EWMABatch(series, params)
+    scalars = [REGISTRY.make("ewma", params) for _ in range(series)]
+    for step in range(steps):
+        crossed, recovered = batch.update(data[step])
+        for i, detector in enumerate(scalars):
+            verdict = detector.update(float(data[step, i]), step)
+            assert (crossed[i], recovered[i]) == (verdict.crossed, verdict.recovered), (step, i)
+    means = [d.mean.get() for d in scalars]
+    variances = [d.var.get() for d in scalars]
+    assert np.allclose(batch.mean, means)
+    assert np.allclose(batch.square - batch.mean**2, variances, atol=1e-9)
