@@ -90,6 +90,7 @@ class Engine:
     # (rule key, series) -> whether each of the last M evaluations crossed (for_evaluations)
     _history: dict[tuple[str, SeriesKey], deque[bool]] = field(default_factory=dict)
     _pool: ThreadPoolExecutor | None = None
+    _swept_keys: set[str] | None = None  # rule keys when stored incidents were last swept
 
     def restore(self) -> int:
         """Adopt this node's open incidents from before a restart, once their rule is loaded.
@@ -148,11 +149,14 @@ class Engine:
                 if rule_key not in keys:
                     del self.states[(rule_key, series)]
                     self._resolve(state.incident, now_ns, "rule no longer loaded")
-            for incident in self.incidents.open_incidents():
-                if incident.group == AGENT_GROUP:
-                    continue  # the agent's own events (e.g. RulesInvalid) end themselves
-                if incident.node == self.node and f"{incident.group}/{incident.rule}" not in keys:
-                    self._resolve(incident, now_ns, "rule no longer loaded")
+            if keys != self._swept_keys:  # stored incidents of rules gone (once per change)
+                for incident in self.incidents.open_incidents():
+                    if incident.group == AGENT_GROUP:
+                        continue  # the agent's own events (e.g. RulesInvalid) end themselves
+                    if incident.node == self.node and (
+                            f"{incident.group}/{incident.rule}" not in keys):
+                        self._resolve(incident, now_ns, "rule no longer loaded")
+                self._swept_keys = keys
         for key in list(self.status):
             if key not in keys:
                 del self.status[key]
