@@ -15,6 +15,8 @@ Parameters (rule `params`):
   min_std        floor of the standard deviation, in the signal's unit (default 0)
   freeze         stop learning while an alert is active (default true); false keeps adapting,
                  so a lasting new level becomes the normal (anomaly scoring rather than alerting)
+  refractory     after a crossing, hold the anomaly score (not the alert) at 0 for this many
+                 evaluations (default 0): benchmarks such as NAB count every flagged row
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from typing import Any
 
 from sloguard.detector.api import Verdict, hookimpl, reject_unknown
 
-_PARAMS = {"fading_factor", "band", "recover_band", "direction", "warmup", "min_std", "freeze"}
+_PARAMS = {"fading_factor", "band", "recover_band", "direction", "warmup", "min_std", "freeze",
+           "refractory"}
 
 
 class EWMA:
@@ -40,6 +43,13 @@ class EWMA:
             self.min_std = float(params.get("min_std", 0.0))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"ewma parameters must be numbers: {exc}") from exc
+        try:
+            self.refractory = int(params.get("refractory", 0))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"refractory must be a number of evaluations: {exc}") from exc
+        if self.refractory < 0:
+            raise ValueError("refractory must not be negative")
+        self._quiet = 0
         self.freeze = params.get("freeze", True)
         if not isinstance(self.freeze, bool):
             raise ValueError("freeze must be true or false")
@@ -82,8 +92,13 @@ class EWMA:
         threshold = self.mean.get() + sign * self.band * std
         if not (self.active and self.freeze):
             self._learn(value)
-        return Verdict(crossed, recovered, threshold, f"z={z:.1f}",
-                       score=_grade(deviation, self.band))
+        grade = _grade(deviation, self.band)
+        if self._quiet > 0:  # just reported: hold the score (not the alert) for a while
+            self._quiet -= 1
+            grade = 0.0
+        elif crossed and self.refractory:
+            self._quiet = self.refractory
+        return Verdict(crossed, recovered, threshold, f"z={z:.1f}", score=grade)
 
     def _learn(self, value: float) -> None:
         self.mean.update(value)

@@ -269,7 +269,8 @@ def backtest(
         typer.echo(f"plot: {plot}")
 
 
-DEFAULT_NAB_DETECTOR = "ewma:direction=both,fading_factor=0.003,warmup=50,freeze=false"
+DEFAULT_NAB_DETECTOR = (
+    "ewma:direction=both,fading_factor=0.003,warmup=50,freeze=false,refractory=200")
 
 
 def _detector_spec(spec: str) -> tuple[str, dict[str, Any]]:

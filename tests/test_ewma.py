@@ -103,3 +103,13 @@ def test_vectorised_batch_gives_the_same_numbers_as_the_river_detector(params):
     variances = [d.var.get() for d in scalars]
     assert np.allclose(batch.mean, means)
     assert np.allclose(batch.square - batch.mean**2, variances, atol=1e-9)
+
+
+def test_refractory_holds_the_score_not_the_alert():
+    detector = REGISTRY.make("ewma", {"warmup": 10, "refractory": 3})
+    _feed(detector, [1.0, 1.1, 0.9] * 4)
+    spike = _feed(detector, [100.0] * 5, start=20)
+    assert all(v.crossed for v in spike)  # alerting is unaffected
+    assert [v.score > 0.9 for v in spike] == [True, False, False, False, True]
+    with pytest.raises(ValueError):
+        REGISTRY.make("ewma", {"refractory": -1})
