@@ -18,7 +18,6 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -27,6 +26,7 @@ from sloguard.detector.api import Verdict
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import LoadedRule, RuleSet
+from sloguard.detector.worker import DetectorWorker
 from sloguard.incidents import (
     FIRING,
     PENDING,
@@ -42,6 +42,7 @@ from sloguard.store.incidents_db import IncidentStore
 log = logging.getLogger(__name__)
 
 AGENT_GROUP = "sloguard"  # incidents the agent raises about itself, not from rules
+HUNG_BACKOFF_S = 60.0
 
 SeriesKey = tuple[tuple[str, str], ...]
 
@@ -86,10 +87,12 @@ class Engine:
     # (rule key, series) -> (the rule spec it was built from, detector)
     _detectors: dict[tuple[str, SeriesKey], tuple[Any, Any]] = field(default_factory=dict)
     _unsaved: dict[str, Incident] = field(default_factory=dict)
-    _hung: dict[str, Any] = field(default_factory=dict)  # rule key -> spec that hung
+    # rule key -> (spec that ran over its deadline, when it may be tried again)
+    _hung: dict[str, tuple[Any, int]] = field(default_factory=dict)
     # (rule key, series) -> whether each of the last M evaluations crossed (for_evaluations)
     _history: dict[tuple[str, SeriesKey], deque[bool]] = field(default_factory=dict)
-    _pool: ThreadPoolExecutor | None = None
+    _worker: DetectorWorker | None = None
+    _series_errors: dict[str, str] = field(default_factory=dict)  # rule key -> last failure
     _swept_keys: set[str] | None = None  # rule keys when stored incidents were last swept
 
     def restore(self) -> int:
@@ -126,8 +129,9 @@ class Engine:
             interval = int((rule.interval or 0) * 1e9)
             if interval and now_ns < self._due.get(rule.key, 0):
                 continue
-            if self._hung.get(rule.key) == rule.spec:
-                continue  # cut off earlier: skipped until the rule changes
+            hung = self._hung.get(rule.key)
+            if hung is not None and hung[0] == rule.spec and now_ns < hung[1]:
+                continue  # cut off recently: backing off before trying it again
             self._due[rule.key] = now_ns + interval
             started = time.perf_counter()
             try:
@@ -138,9 +142,10 @@ class Engine:
                 log.warning("rule %s failed: %s", rule.key, status.error)
                 self.on_evaluation(rule.key, "error")
             else:
-                status.error = ""
+                self._hung.pop(rule.key, None)
+                status.error = self._series_errors.pop(rule.key, "")
                 status.series = len(values)
-                self.on_evaluation(rule.key, "ok")
+                self.on_evaluation(rule.key, "error" if status.error else "ok")
             status.evaluations += 1
             status.last_eval_ns = now_ns
             status.last_duration_s = time.perf_counter() - started
@@ -205,11 +210,35 @@ class Engine:
         for index, condition in enumerate(rule.spec.and_):  # compound rules: other signals
             jobs.append((f"{rule.key}#and{index}", condition,
                          self._values(rule, now_ns, condition)))
-        detectors = [{s: self._detector(key, spec, s) for s in inputs}
-                     for key, spec, inputs in jobs]
-        verdicts = self._guarded(rule, lambda: [
-            {s: found[s].update(v, now_ns) for s, v in inputs.items()}
-            for found, (_, _, inputs) in zip(detectors, jobs, strict=True)])
+        # Plugin code (constructors included) runs on the worker, under the deadline; the
+        # detectors it builds are kept only once the run has succeeded.
+        known = [{s: self._detectors.get((key, s)) for s in inputs} for key, _, inputs in jobs]
+        build = [{s for s, entry in found.items() if entry is None or entry[0] != spec}
+                 for found, (_, spec, _) in zip(known, jobs, strict=True)]
+
+        def run() -> tuple[list[dict], list[dict], list[str]]:
+            built, judged_all, failures = [], [], []
+            for found, fresh, (_, spec, inputs) in zip(known, build, jobs, strict=True):
+                made = {s: self.registry.make(spec.detector, spec.params) for s in fresh}
+                judged = {}
+                for s, value in inputs.items():
+                    detector = made[s] if s in made else found[s][1]
+                    try:
+                        judged[s] = detector.update(value, now_ns)
+                    except Exception as exc:  # one bad series must not fail the others
+                        failures.append(f"{dict(s)}: {exc.__class__.__name__}: {exc}")
+                        judged[s] = Verdict(False, False, None, "detector error")
+                built.append(made)
+                judged_all.append(judged)
+            return built, judged_all, failures
+
+        built, verdicts, failures = self._guarded(rule, run, now_ns)
+        for made, (key, spec, _) in zip(built, jobs, strict=True):
+            for s, detector in made.items():
+                self._detectors[(key, s)] = (spec, detector)
+        if failures:
+            self._series_errors[rule.key] = (f"{len(failures)} series failed, e.g. "
+                                             f"{failures[0]}")[:500]
         for (key, _, inputs), judged in zip(jobs, verdicts, strict=True):
             for series, value in inputs.items():
                 if math.isnan(value) and judged[series].crossed:  # no data never fires,
@@ -231,35 +260,23 @@ class Engine:
                                                                              *notes])))
             self._step(rule, series, jobs[0][2][series], verdict, now_ns)
 
-    def _detector(self, key: str, spec: Any, series: SeriesKey) -> Any:
-        """The series' detector, rebuilt when the rule's parameters changed on reload."""
-        entry = self._detectors.get((key, series))
-        if entry is None or entry[0] != spec:
-            entry = self._detectors[(key, series)] = (spec, self.registry.make(spec.detector,
-                                                                               spec.params))
-        return entry[1]
+    def _guarded(self, rule: LoadedRule, run: Callable[[], Any], now_ns: int) -> Any:
+        """Run the rule's detector code on the worker, cut off after `timeout_s`.
 
-    def _guarded(self, rule: LoadedRule, run: Callable[[], Any]) -> Any:
-        """Run the rule's detector code, cut off after `timeout_s`.
-
-        A thread cannot be killed: a hung plugin keeps its worker, which is abandoned, and the
-        rule is skipped until it changes. Only detector code runs there; incident state is
-        changed on the loop thread.
+        A rule cut off is backed off for HUNG_BACKOFF_S and then tried again (an agent starved
+        of CPU once must not lose a rule for good); its worker is abandoned.
         """
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="detectors")
-        future = self._pool.submit(run)
+        if self._worker is None:
+            self._worker = DetectorWorker()
         try:
-            return future.result(timeout=self.timeout_s)
+            return self._worker.run(run, self.timeout_s)
         except FutureTimeout:
-            self._pool.shutdown(wait=False)
-            self._pool = None
-            self._hung[rule.key] = rule.spec
-            for key in [k for k in self._detectors if k[0].split("#", 1)[0] == rule.key]:
-                del self._detectors[key]
+            self._worker = None
+            retry = now_ns + int(HUNG_BACKOFF_S * 1e9)
+            self._hung[rule.key] = (rule.spec, retry)
             raise TimeoutError(
                 f"detector {rule.spec.detector!r} took longer than {self.timeout_s:g}s; "
-                "rule skipped until it changes") from None
+                f"rule skipped for {HUNG_BACKOFF_S:g}s, then tried again") from None
 
     def _step(self, rule: LoadedRule, series: SeriesKey, value: float, verdict: Verdict,
               now_ns: int) -> None:

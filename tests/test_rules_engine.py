@@ -480,3 +480,65 @@ def test_compound_conditions_are_validated(tmp_path):
     validate = lambda spec: make_detector(spec.detector, spec.params)  # noqa: E731
     with pytest.raises(RuleFileError, match=r"groups.0.rules.0.and.0.params: unknown threshold"):
         load_rule_file(path, validate)
+
+
+def test_a_hung_rule_is_retried_after_a_backoff_and_can_resolve(tmp_path):
+    import time as clock
+
+    from sloguard.detector.engine import HUNG_BACKOFF_S
+
+    class Sometimes:
+        name = "sometimes"
+        slow = False
+
+        def __init__(self, params):
+            self.inner = Threshold({"above": 10, "recover_below": 5})
+
+        def update(self, value, time_ns):
+            if Sometimes.slow:
+                clock.sleep(0.5)
+            return self.inner.update(value, time_ns)
+
+    class Plugin:
+        @hookimpl
+        def sloguard_detectors(self):
+            return [Sometimes]
+
+    text = RULES.replace("        params: {above: 10, recover_below: 5}\n",
+                         "        detector: sometimes\n")
+    h = _Harness(tmp_path, text, registry=DetectorRegistry(plugins=[Plugin()]), timeout_s=0.2)
+    for second in range(4):
+        h.at(second, 30.0)
+    assert h.all()[0].state == FIRING
+    Sometimes.slow = True
+    h.at(4, 30.0)  # cut off once (the agent was starved of CPU, say)
+    assert "longer than 0.2s" in h.engine.status["ls/LSSlow"].error
+    Sometimes.slow = False
+    h.at(5, 1.0)
+    assert h.engine.status["ls/LSSlow"].evaluations == 5  # backing off
+    backoff = int(HUNG_BACKOFF_S)
+    for second in range(5 + backoff, 9 + backoff):
+        h.at(second, 1.0)
+    assert h.engine.status["ls/LSSlow"].error == ""
+    assert h.all()[0].state == RESOLVED  # evaluated again: the incident could end
+
+
+def test_one_failing_series_does_not_block_the_others(tmp_path):
+    h = _Harness(tmp_path, RULES.replace("params: {above: 10, recover_below: 5}",
+                                         "detector: slo_latency\n        params: {target: 10}"))
+    for second in range(4):
+        h.at(second, 30.0)
+    assert h.all()[0].state == FIRING
+
+    class Broken:
+        def update(self, value, time_ns):
+            raise ValueError("bad input for this series")
+
+    for second in range(4, 8):
+        h.at(second, 1.0)
+        h.at(second, 1.0, pod="web-2")
+        key = ("ls/LSSlow", (("class", "LS"), ("node", "node-a"), ("pod", "web-2")))
+        spec, _ = h.engine._detectors[key]
+        h.engine._detectors[key] = (spec, Broken())
+    assert "1 series failed" in h.engine.status["ls/LSSlow"].error
+    assert h.all()[0].state == RESOLVED  # web-1 still resolved
