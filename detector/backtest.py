@@ -53,12 +53,18 @@ def backtest(
         engine.sync_windows(None, start_ns)
         history: dict[str, list[Sample]] = {}
         feed: list[Sample] = []
+        seen: set[tuple] = set()  # rules sharing a signal must not see its samples twice
         for rule in rules.rules:
             for index, spec in enumerate((rule.spec, *rule.spec.and_)):
                 samples = store.read_samples(WindowQuery(
                     spec.selector.measurement, start_ns - int(spec.window * 1e9), end_ns + 1,
                     fields=(spec.field,), matchers=spec.selector.matchers))
-                feed.extend(samples)
+                for sample in samples:
+                    key = (sample.measurement, tuple(sorted(sample.tags.items())),
+                           sample.time_ns, spec.field)
+                    if key not in seen:
+                        seen.add(key)
+                        feed.append(sample)
                 if index == 0:
                     history[rule.key] = samples
         feed.sort(key=lambda s: s.time_ns)

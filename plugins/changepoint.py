@@ -74,16 +74,29 @@ class ChangePoint:
         change = self.last_change()
         if change is None:
             return Verdict(False, True, None)
-        index, before, after = change
+        _, before, after = change
+        # The segmenter must give its last segment `min_size` points, so a new level (or a
+        # lone outlier) pulls the break early. Act only once the last `min_size` points all
+        # sit past the midpoint, and measure the change from that run of points.
+        mid = (before + after) / 2
+        sign = 1.0 if after > before else -1.0
+        values = [v for _, v in self.points]
+        start = len(values)
+        while start > 0 and sign * (values[start - 1] - mid) > 0:
+            start -= 1
+        run = values[start:]
+        if len(run) < self.min_size:
+            return Verdict(False, True, None, "possible change, not yet established")
+        after = sum(run) / len(run)
         shift = after - before
         signed = {"up": shift, "down": -shift, "both": abs(shift)}[self.direction]
         big_enough = signed > 0 and abs(shift) >= self.min_shift and (
             abs(shift) >= self.min_relative * abs(before))
-        fresh = len(self.points) - index <= self.recent
+        fresh = len(run) <= self.recent + self.min_size
         if not (big_enough and fresh):
             return Verdict(False, True, before + math.copysign(self.min_shift, shift))
         self.before, self.shift = before, shift
-        at = datetime.fromtimestamp(self.points[index][0] / 1e9, UTC).strftime("%H:%M:%S")
+        at = datetime.fromtimestamp(self.points[start][0] / 1e9, UTC).strftime("%H:%M:%S")
         return Verdict(True, False, before, f"changed at {at} by {shift:+.3g} "
                                               f"({before:.3g} -> {after:.3g})")
 
@@ -103,6 +116,8 @@ class ChangePoint:
         assert self.before is not None
         recent = [v for _, v in list(self.points)[-self.min_size:]]
         moved = sum(recent) / len(recent) - self.before
+        if self.shift and moved / self.shift > 1:
+            self.shift = moved  # the new level settled further away: recover against it
         still = (moved / self.shift) > 0.5 if self.shift else False
         if not still:
             self.before = None

@@ -64,6 +64,8 @@ class PageHinkley:
         self._recent.append(value)
         if self.before is not None:
             now = sum(self._recent) / len(self._recent)
+            if self._shift and (now - self.before) / self._shift > 1:
+                self._shift = now - self.before  # the window now holds only the new level
             shift = self._shift
             if shift and (now - self.before) / shift > 0.5:
                 return Verdict(True, False, self.before, f"{now - self.before:+.3g} from before")

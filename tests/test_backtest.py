@@ -80,3 +80,27 @@ def test_backtest_refuses_bad_input(tmp_path, sloguard_bin):
          str(tmp_path / "data"), "--from", "now", "--to", "-1h"],
         capture_output=True, text=True, timeout=60)
     assert backwards.returncode == 2 and "--to must be after --from" in backwards.stderr
+
+
+def test_rules_sharing_a_signal_see_each_sample_once(tmp_path, sloguard_bin):
+    _history(tmp_path / "data")
+    counting = """\
+groups:
+  - name: lab
+    rules:
+      - alert: Count{n}
+        expr: lat{{pod="web-2"}}
+        field: p99
+        aggregate: count
+        window: 10s
+        params: {{above: 15}}
+"""
+    (tmp_path / "rules.yaml").write_text(counting.format(n=1) + "\n".join(
+        counting.format(n=2).splitlines()[3:]) + "\n")
+    result = subprocess.run(
+        [sloguard_bin, "backtest", "--rules", str(tmp_path / "rules.yaml"), "--data-dir",
+         str(tmp_path / "data"), "--from", str(T0 // S + 20), "--to", str(T0 // S + 60)],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "2 rules, 51 samples" in result.stdout  # 41 s + the 10 s window before, once
+    assert ": 0 incidents" in result.stdout  # 11 points per 10 s window, not 22
