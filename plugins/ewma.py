@@ -88,7 +88,7 @@ class EWMA:
         recovered = deviation <= self.recover_band
         self.active = crossed or (self.active and not recovered)
         std = max(math.sqrt(max(self.var.get(), 0.0)), self.min_std)
-        sign = -1 if self.direction == "down" else 1
+        sign = -1 if self.direction == "down" or (self.direction == "both" and z < 0) else 1
         threshold = self.mean.get() + sign * self.band * std
         if not (self.active and self.freeze):
             self._learn(value)

@@ -296,15 +296,18 @@ def score_nab(
         DEFAULT_NAB_DETECTOR),
     profiles: Annotated[Path | None, typer.Option(
         help="profiles.json (default: the one beside the windows file)")] = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Run a detector causally over NAB-format CSVs; print the normalised NAB score of each
     profile and event-level precision, recall, F1 and mean detection delay."""
     from sloguard.detector.registry import DetectorRegistry
     from sloguard.detector.scoring import nab
 
+    settings = _load(config, None, None).settings
     try:
         name, params = _detector_spec(detector)
-        registry = DetectorRegistry()
+        registry = DetectorRegistry(settings.detectors.plugins,
+                                    use_entry_points=settings.detectors.entry_points)
         registry.make(name, params)  # refuse a bad spec before reading anything
         profile_file = profiles or windows.parent / "profiles.json"
         weights = {k: v["CostMatrix"] for k, v in json.loads(profile_file.read_text()).items()}
@@ -321,7 +324,11 @@ def score_nab(
         done.append(file_name)
         typer.echo(f"  [{len(done)}/{len(files)}] {file_name}", err=True)
 
-    nab.run_detector(files, lambda: registry.make(name, params), progress)
+    try:
+        nab.run_detector(files, lambda: registry.make(name, params), progress)
+    except ValueError as exc:
+        typer.echo(f"sloguard: {exc}", err=True)
+        raise typer.Exit(1) from None
     nab.write_results(files, out)
     scores = nab.score(files, weights)
     typer.echo(f"{len(files)} files, {sum(len(f.windows) for f in files)} windows, "

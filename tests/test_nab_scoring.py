@@ -88,3 +88,14 @@ def test_score_nab_command(tmp_path, sloguard_bin):
          str(NAB / "windows.json"), "--out", str(out), "--detector", "ewma:band=-1"],
         capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "band" in bad.stderr
+
+
+def test_a_failing_detector_is_reported_with_file_and_row(tmp_path, sloguard_bin):
+    need(NAB.is_dir(), f"the NAB benchmark data is not at {NAB}")
+    result = subprocess.run(
+        [sloguard_bin, "score", "nab", "--data", str(NAB / "data"), "--windows",
+         str(NAB / "windows.json"), "--out", str(tmp_path), "--detector",
+         "burn_rate:objective=0.99"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "row 2: the detector failed: ValueError: burn_rate expects an error ratio" in (
+        result.stderr)

@@ -79,7 +79,11 @@ def run_detector(files: list[DataFile], make: Callable[[], object],
         detector = make()
         file.scores = []
         for row, value in enumerate(file.values):
-            verdict = detector.update(value, file.time_ns(row))
+            try:
+                verdict = detector.update(value, file.time_ns(row))
+            except Exception as exc:
+                raise ValueError(f"{file.name} row {row + 2}: the detector failed: "
+                                 f"{exc.__class__.__name__}: {exc}") from exc
             score = verdict.score if verdict.score is not None else float(verdict.crossed)
             file.scores.append(min(max(score, 0.0), 1.0))
         if progress is not None:
