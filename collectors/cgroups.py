@@ -372,25 +372,21 @@ class CgroupCollector:
         if "usage_ns" in current:
             cpu_fields["usage_seconds_total"] = current["usage_ns"] / 1e9
         if prev and elapsed > 0:
-            def delta(key: str) -> float | None:
-                if key in current and key in prev and current[key] >= prev[key]:
-                    return current[key] - prev[key]
-                return None
-
-            used = delta("usage_ns")
+            used = _delta(current, prev, "usage_ns")
             if used is not None:
                 cpu_fields["usage_cores"] = used / 1e9 / elapsed
-            periods, throttled = delta("periods"), delta("throttled")
+            periods = _delta(current, prev, "periods")
+            throttled = _delta(current, prev, "throttled")
             if periods is not None and throttled is not None:
                 cpu_fields["periods"] = periods
                 cpu_fields["throttled_periods"] = throttled
                 cpu_fields["throttled_ratio"] = throttled / periods if periods else 0.0
-            throttled_ns = delta("throttled_ns")
+            throttled_ns = _delta(current, prev, "throttled_ns")
             if throttled_ns is not None and "periods" in current:
                 cpu_fields["throttled_seconds"] = throttled_ns / 1e9
             for res, values in psi.items():
                 for kind in ("some", "full"):
-                    stalled = delta(f"psi_{res}_{kind}")
+                    stalled = _delta(current, prev, f"psi_{res}_{kind}")
                     if stalled is not None:
                         values[f"{kind}_rate"] = stalled / 1e6 / elapsed * 100
         if item.limit_cores is not None:
@@ -461,6 +457,13 @@ class CgroupCollector:
             details["root"] = str(self.layout.primary)
         return ComponentStatus("collector:cgroups", ok=not self._error, reason=self._error,
                                details=details)
+
+
+def _delta(current: dict[str, float], prev: dict[str, float], key: str) -> float | None:
+    """Increase of a counter since the last read; None when absent or reset (never negative)."""
+    if key in current and key in prev and current[key] >= prev[key]:
+        return current[key] - prev[key]
+    return None
 
 
 def _v1_cpu_limit(quota: bytes | None, period: bytes | None) -> float | None:

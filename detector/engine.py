@@ -295,7 +295,7 @@ class Engine:
                 incident = self._open(rule, series, shown, verdict.threshold, now_ns,
                                       verdict.note)
                 state = self.states[key] = AlertState(incident)
-                self._maybe_fire(rule, state, shown, now_ns)
+                self._maybe_fire(rule, state, shown, now_ns, history)
             return
         incident = state.incident
         if incident.state == PENDING:
@@ -303,7 +303,7 @@ class Engine:
             # lives as long as any of the last M evaluations crossed.
             if verdict.crossed or (history is not None and any(history)):
                 incident.add_evidence(Evidence(now_ns, shown, verdict.threshold, verdict.note))
-                self._maybe_fire(rule, state, shown, now_ns)
+                self._maybe_fire(rule, state, shown, now_ns, history)
             else:
                 del self.states[key]
                 self._unsaved.pop(incident.id, None)
@@ -348,11 +348,10 @@ class Engine:
         return incident
 
     def _maybe_fire(self, rule: LoadedRule, state: AlertState, value: float | None,
-                    now_ns: int) -> None:
+                    now_ns: int, history: deque[bool] | None) -> None:
         incident = state.incident
         incident.updated_ns = now_ns
         counted = rule.spec.for_evaluations
-        history = self._history.get((rule.key, tuple(sorted(incident.series.items()))))
         enough = counted is None or (history is not None and sum(history) >= counted.crossed)
         if enough and now_ns - incident.started_ns >= rule.spec.for_ * 1e9:
             _annotate(incident, rule, value, incident.evidence[0].threshold)

@@ -115,6 +115,3 @@ class RecentWindows:
         if newest:
             for sub in self._subs.values():
                 sub.prune(newest)
-
-    def __len__(self) -> int:
-        return sum(len(points) for sub in self._subs.values() for points in sub.series.values())

@@ -67,6 +67,16 @@ class DetectorRegistry:
             self.errors[name or what] = f"{what}: {exc.__class__.__name__}: {exc}"
             log.error("cannot load detector plugin: %s", self.errors[name or what])
 
+    @classmethod
+    def from_config(cls, config: Any) -> DetectorRegistry:
+        """The registry the `detectors` section of the config asks for."""
+        return cls(config.plugins, use_entry_points=config.entry_points)
+
+    def check(self, spec: Any) -> None:
+        """Refuse a rule (or condition) whose detector or params this registry cannot make:
+        the `validate_params` of a RuleSet."""
+        self.make(spec.detector, spec.params)
+
     def make(self, kind: str, params: dict[str, Any]) -> Any:
         """A new detector; ValueError (shown against the rule) for an unknown kind or params."""
         factory = self.types.get(kind)

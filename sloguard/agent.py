@@ -65,12 +65,8 @@ class Agent:
             self.cgroups = CgroupCollector(self.node, cfg.cgroups, pod_lookup=lookup)
             self.collectors.append(self.cgroups)
         self._collector_errors: dict[str, str] = {}
-        self.detectors = DetectorRegistry(settings.detectors.plugins,
-                                          use_entry_points=settings.detectors.entry_points)
-        self.rules = RuleSet(
-            list(settings.rules.paths),
-            validate_params=lambda spec: self.detectors.make(spec.detector, spec.params),
-        )
+        self.detectors = DetectorRegistry.from_config(settings.detectors)
+        self.rules = RuleSet(list(settings.rules.paths), validate_params=self.detectors.check)
         self.windows = RecentWindows()
         self.engine = Engine(
             windows=self.windows,

@@ -133,8 +133,7 @@ def rules_check(
     from sloguard.detector.rules import RuleFileError, RuleSet, load_rule_file
 
     settings = _load(config, None, None).settings
-    registry = DetectorRegistry(settings.detectors.plugins,
-                                use_entry_points=settings.detectors.entry_points)
+    registry = DetectorRegistry.from_config(settings.detectors)
     for name, problem in registry.errors.items():
         typer.echo(f"warning: detector plugin {name}: {problem}", err=True)
     paths, path_errors, _ = RuleSet([str(f) for f in files]).files()
@@ -144,7 +143,7 @@ def rules_check(
     seen: dict[str, str] = {}
     for path in paths:
         try:
-            rules = load_rule_file(path, lambda spec: registry.make(spec.detector, spec.params))
+            rules = load_rule_file(path, registry.check)
         except RuleFileError as exc:
             typer.echo(str(exc), err=True)
             failed = True
@@ -221,10 +220,8 @@ def backtest(
     if end_ns <= start_ns or step_s <= 0:
         typer.echo("sloguard: --to must be after --from, and --step positive", err=True)
         raise typer.Exit(2)
-    registry = DetectorRegistry(settings.detectors.plugins,
-                                use_entry_points=settings.detectors.entry_points)
-    ruleset = RuleSet([str(r) for r in rules],
-                      validate_params=lambda spec: registry.make(spec.detector, spec.params))
+    registry = DetectorRegistry.from_config(settings.detectors)
+    ruleset = RuleSet([str(r) for r in rules], validate_params=registry.check)
     ruleset.reload()
     if ruleset.errors:
         for problem in ruleset.errors.values():
@@ -306,8 +303,7 @@ def score_nab(
     settings = _load(config, None, None).settings
     try:
         name, params = _detector_spec(detector)
-        registry = DetectorRegistry(settings.detectors.plugins,
-                                    use_entry_points=settings.detectors.entry_points)
+        registry = DetectorRegistry.from_config(settings.detectors)
         registry.make(name, params)  # refuse a bad spec before reading anything
         profile_file = profiles or windows.parent / "profiles.json"
         weights = {k: v["CostMatrix"] for k, v in json.loads(profile_file.read_text()).items()}

@@ -20,11 +20,3 @@ class Sample:
     tags: dict[str, str]
     fields: dict[str, FieldValue]
     time_ns: int = field(default_factory=time.time_ns)
-
-    def series_key(self) -> tuple[str, tuple[tuple[str, str], ...]]:
-        """Identity of the series this sample belongs to (measurement plus sorted tags)."""
-        return self.measurement, tuple(sorted(self.tags.items()))
-
-
-def now_ns() -> int:
-    return time.time_ns()
