@@ -17,7 +17,7 @@ import math
 import re
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -81,6 +81,7 @@ class Engine:
     timeout_s: float = 1.0
     inventory: Callable[[], list[dict[str, str]]] = lambda: []
     on_evaluation: Callable[[str, str], None] = lambda rule, result: None
+    batches: bool = True  # use a detector's batch form when it has one (False: per series)
     states: dict[tuple[str, SeriesKey], AlertState] = field(default_factory=dict)
     status: dict[str, RuleStatus] = field(default_factory=dict)
     _due: dict[str, int] = field(default_factory=dict)
@@ -94,6 +95,7 @@ class Engine:
     _worker: DetectorWorker | None = None
     _series_errors: dict[str, str] = field(default_factory=dict)  # rule key -> last failure
     _swept_keys: set[str] | None = None  # rule keys when stored incidents were last swept
+    _batches: dict[str, _Slots] = field(default_factory=dict)  # signal key -> batch and slots
 
     def restore(self) -> int:
         """Adopt this node's open incidents from before a restart, once their rule is loaded.
@@ -168,12 +170,19 @@ class Engine:
         for key in [k for k in self._detectors if k[0].split("#", 1)[0] not in keys]:
             del self._detectors[key]
             self._history.pop(key, None)
+        for key in [k for k in self._batches if k.split("#", 1)[0] not in keys]:
+            del self._batches[key]
+        for key in [k for k in self._history if k[0].split("#", 1)[0] not in keys]:
+            del self._history[key]
 
     def _values(self, rule: LoadedRule, now_ns: int, spec: Any = None) -> dict[SeriesKey, float]:
         """One aggregate per series of the rule's signal (or of one of its conditions)."""
         spec = spec or rule.spec
         subscription, _ = self.windows.subscribe(spec.selector, spec.field, spec.window)
-        window = subscription.window(now_ns - int(spec.window * 1e9), now_ns + 1)
+        start_ns = now_ns - int(spec.window * 1e9)
+        if spec.aggregate == "last":  # the common gauge case, without copying any window
+            return subscription.last(start_ns, now_ns + 1)
+        window = subscription.window(start_ns, now_ns + 1)
         return {key: aggregate(times, values, spec.aggregate)
                 for key, (times, values) in window.items()}
 
@@ -205,60 +214,67 @@ class Engine:
 
     def _step_rule(self, rule: LoadedRule, values: dict[SeriesKey, float], now_ns: int) -> None:
         open_series = {s for (k, s) in self.states if k == rule.key}
-        series_now = set(values) | open_series
-        jobs = [(rule.key, rule.spec, {s: values.get(s, math.nan) for s in series_now})]
+        silent = open_series - values.keys()  # open alerts whose series sent nothing: NaN
+        inputs = {**values, **dict.fromkeys(silent, math.nan)} if silent else values
+        jobs = [(rule.key, rule.spec, inputs)]
         for index, condition in enumerate(rule.spec.and_):  # compound rules: other signals
             jobs.append((f"{rule.key}#and{index}", condition,
                          self._values(rule, now_ns, condition)))
-        # Plugin code (constructors included) runs on the worker, under the deadline; the
-        # detectors it builds are kept only once the run has succeeded.
-        known = [{s: self._detectors.get((key, s)) for s in inputs} for key, _, inputs in jobs]
-        build = [{s for s, entry in found.items() if entry is None or entry[0] != spec}
-                 for found, (_, spec, _) in zip(known, jobs, strict=True)]
+        # Plugin code (constructors included) runs on the worker, under the deadline; what it
+        # builds is kept only once the run has succeeded.
+        plans = [self._plan(key, spec, inputs) for key, spec, inputs in jobs]
 
-        def run() -> tuple[list[dict], list[dict], list[str]]:
-            built, judged_all, failures = [], [], []
-            for found, fresh, (_, spec, inputs) in zip(known, build, jobs, strict=True):
-                made = {s: self.registry.make(spec.detector, spec.params) for s in fresh}
-                judged = {}
-                for s, value in inputs.items():
-                    detector = made[s] if s in made else found[s][1]
-                    try:
-                        judged[s] = detector.update(value, now_ns)
-                    except Exception as exc:  # one bad series must not fail the others
-                        failures.append(f"{dict(s)}: {exc.__class__.__name__}: {exc}")
-                        judged[s] = Verdict(False, False, None, "detector error")
-                built.append(made)
-                judged_all.append(judged)
-            return built, judged_all, failures
+        def run() -> list[tuple[Any, Any, list[str]]]:
+            return [plan.run(self.registry, now_ns) for plan in plans]
 
-        built, verdicts, failures = self._guarded(rule, run, now_ns)
-        for made, (key, spec, _) in zip(built, jobs, strict=True):
-            for s, detector in made.items():
-                self._detectors[(key, s)] = (spec, detector)
+        try:
+            results = self._guarded(rule, run, now_ns)
+        except Exception:
+            for key, _, _ in jobs:
+                self._batches.pop(key, None)  # a batch may have been left half-updated
+            raise
+        judged_all: list[_Judged] = []
+        failures: list[str] = []
+        for plan, (built, judged, failed) in zip(plans, results, strict=True):
+            plan.keep(self, built)
+            judged_all.append(judged)
+            failures.extend(failed)
         if failures:
             self._series_errors[rule.key] = (f"{len(failures)} series failed, e.g. "
                                              f"{failures[0]}")[:500]
-        for (key, _, inputs), judged in zip(jobs, verdicts, strict=True):
-            for series, value in inputs.items():
-                if math.isnan(value) and judged[series].crossed:  # no data never fires,
-                    judged[series] = Verdict(False, True, judged[series].threshold, "no data")
-            for stale in [k for k in self._detectors if k[0] == key and k[1] not in inputs]:
-                del self._detectors[stale]  # the series went away: forget its detector
-                self._history.pop(stale, None)
         holds, notes = True, []
-        for (_, condition, _), judged in zip(jobs[1:], verdicts[1:], strict=True):
-            crossed = sum(v.crossed for v in judged.values())
+        for (_, condition, _), judged in zip(jobs[1:], judged_all[1:], strict=True):
+            crossed = len(judged.crossed)
             holds = holds and crossed > 0
-            notes.append(f"{condition.expr} {condition.field}: {crossed} of {len(judged)} "
-                         "series crossed")
-        for series in series_now:
-            verdict = verdicts[0][series]
+            notes.append(f"{condition.expr} {condition.field}: {crossed} of "
+                         f"{len(judged.inputs)} series crossed")
+        main = judged_all[0]
+        # Only series that crossed, have an alert, or count evaluations can change state: the
+        # thousands that are quiet are not stepped one by one.
+        counting = {s for (k, s) in self._history if k == rule.key}
+        for series in (main.crossed if holds else set()) | open_series | counting:
+            verdict = main.verdict(series)
             if jobs[1:]:
                 verdict = Verdict(verdict.crossed and holds, verdict.recovered or not holds,
                                   verdict.threshold, "; ".join(filter(None, [verdict.note,
                                                                              *notes])))
-            self._step(rule, series, jobs[0][2][series], verdict, now_ns)
+            self._step(rule, series, main.inputs[series], verdict, now_ns)
+
+    def _plan(self, key: str, spec: Any, inputs: dict[SeriesKey, float]) -> _PerSeries | _Batch:
+        """How one signal of a rule is judged this tick: by its batch (one numpy call for every
+        series) when the detector type offers one, else by one detector per series."""
+        if self.batches and self.registry.batch_type(spec.detector) is not None:
+            slots = self._batches.get(key)
+            if slots is None or (slots.spec is not spec and slots.spec != spec):
+                slots = _Slots(spec)
+            gone = slots.arrange(inputs)
+            for series in gone:
+                self._history.pop((key, series), None)
+            return _Batch(key, spec, inputs, slots)
+        known = {s: self._detectors.get((key, s)) for s in inputs}
+        build = {s for s, entry in known.items()
+                 if entry is None or (entry[0] is not spec and entry[0] != spec)}
+        return _PerSeries(key, spec, inputs, known, build)
 
     def _guarded(self, rule: LoadedRule, run: Callable[[], Any], now_ns: int) -> Any:
         """Run the rule's detector code on the worker, cut off after `timeout_s`.
@@ -291,6 +307,8 @@ class Engine:
                 history = self._history[key] = deque(history or (), maxlen=counted.of)
             history.append(verdict.crossed)
         if state is None:
+            if history is not None and not any(history):
+                del self._history[key]  # nothing to count: the same as no history at all
             if verdict.crossed:
                 incident = self._open(rule, series, shown, verdict.threshold, now_ns,
                                       verdict.note)
@@ -391,9 +409,136 @@ class Engine:
         return len(self._unsaved)
 
 
-def aggregate(times: list[int], values: list[float], how: str) -> float:
+@dataclass
+class _Judged:
+    """One signal's verdicts this tick: which series crossed, and each one's Verdict on demand."""
+
+    inputs: dict[SeriesKey, float]
+    crossed: set[SeriesKey]
+    verdict: Callable[[SeriesKey], Verdict]
+
+
+@dataclass
+class _PerSeries:
+    """One detector object per series (any plugin)."""
+
+    key: str
+    spec: Any
+    inputs: dict[SeriesKey, float]
+    known: dict[SeriesKey, Any]
+    build: set[SeriesKey]
+
+    def run(self, registry: DetectorRegistry, now_ns: int) -> tuple[dict, _Judged, list[str]]:
+        made = {s: registry.make(self.spec.detector, self.spec.params) for s in self.build}
+        judged: dict[SeriesKey, Verdict] = {}
+        failures = []
+        for s, value in self.inputs.items():
+            detector = made[s] if s in made else self.known[s][1]
+            try:
+                verdict = detector.update(value, now_ns)
+            except Exception as exc:  # one bad series must not fail the others
+                failures.append(f"{dict(s)}: {exc.__class__.__name__}: {exc}")
+                verdict = Verdict(False, False, None, "detector error")
+            if verdict.crossed and math.isnan(value):  # no data never fires
+                verdict = Verdict(False, True, verdict.threshold, "no data")
+            judged[s] = verdict
+        crossed = {s for s, v in judged.items() if v.crossed}
+        return made, _Judged(self.inputs, crossed, judged.__getitem__), failures
+
+    def keep(self, engine: Engine, made: dict) -> None:
+        for s, detector in made.items():
+            engine._detectors[(self.key, s)] = (self.spec, detector)
+        if len(engine._detectors) > len(self.inputs):  # forget detectors of series gone
+            for stale in [k for k in engine._detectors
+                          if k[0] == self.key and k[1] not in self.inputs]:
+                del engine._detectors[stale]
+                engine._history.pop(stale, None)
+
+
+class _Slots:
+    """A batch detector's slot per series: freed when a series goes, reused by the next."""
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+        self.detector: Any = None
+        self.index: dict[SeriesKey, int] = {}
+        self.owner: list[SeriesKey | None] = []
+        self.free: list[int] = []
+        self.fresh: list[int] = []  # slots taken over since the batch last ran
+
+    def arrange(self, inputs: dict[SeriesKey, float]) -> list[SeriesKey]:
+        """Give new series a slot and free the slots of series gone; returns those gone."""
+        new = inputs.keys() - self.index.keys()
+        gone = []
+        if len(self.index) > len(inputs) - len(new):
+            gone = list(self.index.keys() - inputs.keys())
+        for series in gone:
+            slot = self.index.pop(series)
+            self.owner[slot] = None
+            self.free.append(slot)
+        for series in new:
+            if self.free:
+                slot = self.free.pop()
+            else:
+                slot = len(self.owner)
+                self.owner.append(None)
+            self.index[series] = slot
+            self.owner[slot] = series
+            self.fresh.append(slot)
+        return gone
+
+
+@dataclass
+class _Batch:
+    """Every series of a signal through one batch detector call."""
+
+    key: str
+    spec: Any
+    inputs: dict[SeriesKey, float]
+    slots: _Slots
+
+    def run(self, registry: DetectorRegistry, now_ns: int) -> tuple[Any, _Judged, list[str]]:
+        import numpy as np
+
+        slots = self.slots
+        detector = slots.detector or registry.make_batch(self.spec.detector, self.spec.params)
+        if slots.fresh:
+            detector.reset(np.asarray(slots.fresh, dtype=np.int64))
+        values = np.full(len(slots.owner), np.nan)
+        count = len(self.inputs)
+        where = np.fromiter(map(slots.index.__getitem__, self.inputs), np.int64, count)
+        values[where] = np.fromiter(self.inputs.values(), float, count)
+        result = detector.update(values, now_ns)
+        crossed = np.asarray(result.crossed, dtype=bool) & ~np.isnan(values)
+        recovered = np.asarray(result.recovered, dtype=bool) | np.isnan(values)
+        owner = slots.owner
+
+        def verdict(series: SeriesKey) -> Verdict:
+            slot = slots.index[series]
+            threshold = result.threshold
+            if threshold is not None and not isinstance(threshold, int | float):
+                threshold = threshold[slot]
+            threshold = None if threshold is None or math.isnan(threshold) else float(threshold)
+            score = None if result.score is None else float(result.score[slot])
+            note = result.note(slot) if result.note is not None else ""
+            if math.isnan(values[slot]):
+                note = "no data"
+            return Verdict(bool(crossed[slot]), bool(recovered[slot]), threshold, note, score)
+
+        hit = {owner[slot] for slot in np.flatnonzero(crossed).tolist()}
+        hit.discard(None)
+        return detector, _Judged(self.inputs, hit, verdict), []
+
+    def keep(self, engine: Engine, detector: Any) -> None:
+        self.slots.detector = detector
+        self.slots.fresh = []
+        engine._batches[self.key] = self.slots
+
+
+def aggregate(times: Sequence[int], values: Sequence[float], how: str) -> float:
     """The rule's aggregate over one series' window; NaN when it cannot be computed."""
-    if any(math.isnan(v) for v in values):
+    total = sum(values)
+    if total != total:  # a NaN inside (or inf - inf): filter, rarely needed
         pairs = [(t, v) for t, v in zip(times, values, strict=True) if not math.isnan(v)]
         times, values = [t for t, _ in pairs], [v for _, v in pairs]
     if not values:

@@ -31,5 +31,7 @@ def sloguard_detectors() -> list[type[Detector]]:
     evaluation with the rule's aggregate for that series, NaN when there is no data, and
     returns a `Verdict`. Instances may keep state (a running mean, a window): that is what
     makes streaming detectors cheap. The engine never fires on NaN, whatever a detector says,
-    and cuts off an evaluation that takes longer than `detectors.timeout`.
+    and cuts off an evaluation that takes longer than `detectors.timeout`. A type may also
+    offer a batch form as its `batch` attribute (`sloguard.detector.api.BatchDetector`): one
+    numpy call for all of a rule's series, used by the engine instead of per-series objects.
     """

@@ -10,6 +10,7 @@ backtests and the UI read the store directly.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Iterable
 
@@ -18,13 +19,15 @@ from sloguard.selectors import Selector
 
 SeriesKey = tuple[tuple[str, str], ...]
 _CACHE_LIMIT = 100_000
+_PRUNE_EVERY_NS = 5 * 10**9
 _FUTURE_NS = 3600 * 10**9  # points this far ahead of the newest batch: the clock stepped back
 
 
 class Subscription:
     """The values of one field of the series one selector matches, over a sliding window."""
 
-    __slots__ = ("field", "key", "match", "selector", "series", "window_ns")
+    __slots__ = ("field", "key", "match", "pruned_ns", "selector", "series", "unordered",
+                 "window_ns")
 
     def __init__(self, selector: Selector, field: str, window_ns: int) -> None:
         self.selector = selector
@@ -33,6 +36,8 @@ class Subscription:
         self.key = (str(selector), field, window_ns)
         self.series: dict[SeriesKey, deque[tuple[int, float]]] = {}
         self.match: dict[tuple, SeriesKey | None] = {}  # tag items as given -> key or no match
+        self.unordered: set[SeriesKey] = set()  # series that got a point older than their last
+        self.pruned_ns = 0
 
     def offer(self, sample: Sample, given: tuple) -> None:
         value = sample.fields.get(self.field)
@@ -49,9 +54,16 @@ class Subscription:
         points = self.series.get(key)
         if points is None:
             points = self.series[key] = deque()
+        elif sample.time_ns < points[-1][0]:
+            self.unordered.add(key)
         points.append((sample.time_ns, float(value)))
 
     def prune(self, latest_ns: int) -> None:
+        """Drop points that left the window. Every few seconds, not every tick: `window` filters
+        by time anyway, and a pass over every series costs as much as evaluating them."""
+        if 0 <= latest_ns - self.pruned_ns < _PRUNE_EVERY_NS:
+            return
+        self.pruned_ns = latest_ns
         cutoff = latest_ns - self.window_ns - 1_000_000_000  # one second of slack
         empty = []
         for key, points in self.series.items():
@@ -61,13 +73,45 @@ class Subscription:
                 empty.append(key)
         for key in empty:
             del self.series[key]
+            self.unordered.discard(key)
 
     def window(self, start_ns: int, end_ns: int) -> dict[SeriesKey, tuple[list[int], list[float]]]:
         out = {}
+        unordered = self.unordered
         for key, points in self.series.items():
-            inside = [p for p in points if start_ns <= p[0] < end_ns]
+            if points[-1][0] < end_ns and key not in unordered:  # in time order: the usual case
+                skip = 0
+                for point in points:  # the few points older than the window, until a prune
+                    if point[0] >= start_ns:
+                        break
+                    skip += 1
+                if skip == len(points):
+                    continue
+                inside = itertools.islice(points, skip, None) if skip else points
+            else:
+                inside = [p for p in points if start_ns <= p[0] < end_ns]
+                if not inside:
+                    continue
+            times, values = zip(*inside, strict=True)
+            out[key] = (times, values)
+        return out
+
+
+    def last(self, start_ns: int, end_ns: int) -> dict[SeriesKey, float]:
+        """Each series' latest non-NaN value in [start_ns, end_ns): `window` + `last`, cheaper."""
+        out = {}
+        unordered = self.unordered
+        for key, points in self.series.items():
+            newest = points[-1]
+            if start_ns <= newest[0] < end_ns and newest[1] == newest[1] and (
+                    key not in unordered):
+                out[key] = newest[1]  # in time order, inside, a number: the usual case
+                continue
+            inside = [p for p in points if start_ns <= p[0] < end_ns and p[1] == p[1]]
             if inside:
-                out[key] = ([p[0] for p in inside], [p[1] for p in inside])
+                if key in unordered:  # latest by time; among equal times, the latest to arrive
+                    inside.sort(key=lambda p: p[0])
+                out[key] = inside[-1][1]
         return out
 
 

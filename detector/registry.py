@@ -90,3 +90,20 @@ class DetectorRegistry:
         except Exception as exc:
             raise ValueError(f"detector {kind!r} rejected its params: "
                              f"{exc.__class__.__name__}: {exc}") from exc
+
+    def batch_type(self, kind: str) -> Any:
+        """The batch form of a detector type (its `batch` attribute), or None."""
+        return getattr(self.types.get(kind), "batch", None)
+
+    def make_batch(self, kind: str, params: dict[str, Any]) -> Any:
+        """A new batch detector for one rule's signal; ValueError like `make`."""
+        factory = self.batch_type(kind)
+        if factory is None:
+            raise ValueError(f"detector {kind!r} has no batch form")
+        try:
+            return factory(dict(params))
+        except ValueError:
+            raise
+        except Exception as exc:
+            raise ValueError(f"detector {kind!r} rejected its params: "
+                             f"{exc.__class__.__name__}: {exc}") from exc

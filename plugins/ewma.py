@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sloguard.detector.api import Verdict, hookimpl, reject_unknown
+from sloguard.detector.api import BatchVerdicts, Verdict, hookimpl, reject_unknown
 
 _PARAMS = {"fading_factor", "band", "recover_band", "direction", "warmup", "min_std", "freeze",
            "refractory"}
@@ -122,16 +122,17 @@ def sloguard_detectors() -> list[type]:
 
 
 class EWMABatch:
-    """The `ewma` detector over many series at once, on numpy arrays.
+    """The `ewma` detector over many series at once, on numpy arrays (the engine's batch path).
 
     Same recurrences as river's EWMean and EWVar (mean_t = f x + (1 - f) mean_{t-1}, and the
     variance as the EW mean of x^2 minus the squared EW mean), the same warm-up, band, direction
     and freeze, checked value for value against the per-series detector in the tests. One
     update of 100,000 series is a handful of vector operations instead of 100,000 Python calls
-    (benchmarks/detector_throughput.py).
+    (benchmarks/detector_throughput.py). It gives no anomaly score (`refractory` only shapes
+    scores, for benchmarks, which use the per-series detector).
     """
 
-    def __init__(self, size: int, params: dict[str, Any]) -> None:
+    def __init__(self, params: dict[str, Any]) -> None:
         import numpy as np
 
         probe = EWMA(params)  # the parameters are EWMA's, validated with the same messages
@@ -139,35 +140,79 @@ class EWMABatch:
         self.band, self.recover_band = probe.band, probe.recover_band
         self.warmup, self.min_std = probe.warmup, probe.min_std
         self.direction, self.freeze = probe.direction, probe.freeze
-        self.mean = np.zeros(size)
-        self.square = np.zeros(size)
-        self.learned = np.zeros(size, dtype=np.int64)
-        self.active = np.zeros(size, dtype=bool)
+        self.mean = np.zeros(0)
+        self.square = np.zeros(0)
+        self.learned = np.zeros(0, dtype=np.int64)
+        self.active = np.zeros(0, dtype=bool)
 
-    def update(self, values: Any) -> tuple[Any, Any]:
-        """(crossed, recovered) boolean arrays for one evaluation of every series."""
+    def _grow(self, size: int) -> None:
+        import numpy as np
+
+        extra = size - len(self.mean)
+        if extra > 0:
+            self.mean = np.concatenate([self.mean, np.zeros(extra)])
+            self.square = np.concatenate([self.square, np.zeros(extra)])
+            self.learned = np.concatenate([self.learned, np.zeros(extra, dtype=np.int64)])
+            self.active = np.concatenate([self.active, np.zeros(extra, dtype=bool)])
+
+    def reset(self, slots: Any) -> None:
+        import numpy as np
+
+        slots = np.asarray(slots, dtype=np.int64)
+        if len(slots):
+            self._grow(int(slots.max()) + 1)
+            self.mean[slots] = self.square[slots] = 0.0
+            self.learned[slots] = 0
+            self.active[slots] = False
+
+    def update(self, values: Any, time_ns: int = 0) -> BatchVerdicts:
         import numpy as np
 
         values = np.asarray(values, dtype=float)
+        self._grow(len(values))
+        size = len(values)
+        if size < len(self.mean):  # slots this call does not mention have no data
+            values = np.concatenate([values, np.full(len(self.mean) - size, np.nan)])
+        mean, square, learned = self.mean, self.square, self.learned
         valid = ~np.isnan(values)
-        warm = self.learned < max(self.warmup, 2)
-        std = np.maximum(np.sqrt(np.maximum(self.square - self.mean**2, 0.0)), self.min_std)
-        delta = np.where(valid, values, 0.0) - self.mean
+        warm = learned < max(self.warmup, 2)
+        std = np.maximum(np.sqrt(np.maximum(square - mean**2, 0.0)), self.min_std)
+        x = np.where(valid, values, 0.0)
+        delta = x - mean
         with np.errstate(divide="ignore", invalid="ignore"):
-            z = np.where(std > 0, delta / np.where(std > 0, std, 1.0),
-                         np.where(delta == 0, 0.0, np.copysign(np.inf, delta)))
+            z = delta / std
+        flat = std == 0  # no spread yet: any move is infinitely unusual, none is nothing
+        if flat.any():
+            z[flat] = np.where(delta[flat] == 0, 0.0, np.copysign(np.inf, delta[flat]))
         deviation = {"up": z, "down": -z, "both": np.abs(z)}[self.direction]
         judged = valid & ~warm
         crossed = judged & (deviation > self.band)
         recovered = ~judged | (deviation <= self.recover_band)
-        self.active = np.where(judged, crossed | (self.active & ~recovered), self.active)
-        learn = valid & (warm | ~(self.active & self.freeze))
-        first = learn & (self.learned == 0)
+        sign = -1.0 if self.direction == "down" else 1.0
+        if self.direction == "both":
+            sign = np.where(z < 0, -1.0, 1.0)
+        threshold = mean + sign * self.band * std
+        threshold[~judged] = np.nan
+        self.active = active = np.where(judged, crossed | (self.active & ~recovered),
+                                        self.active)
+        learn = valid & (warm | ~(active & self.freeze)) if self.freeze else valid
+        first = learn & (learned == 0)
         later = learn & ~first
-        x = np.where(valid, values, 0.0)
         f = self.fading
-        self.mean = np.where(first, x, np.where(later, f * x + (1 - f) * self.mean, self.mean))
-        self.square = np.where(first, x * x, np.where(later, f * x * x + (1 - f) * self.square,
-                                                      self.square))
-        self.learned += learn
-        return crossed, recovered
+        self.mean = np.where(first, x, np.where(later, f * x + (1 - f) * mean, mean))
+        self.square = np.where(first, x * x, np.where(later, f * x * x + (1 - f) * square,
+                                                      square))
+        self.learned = learned = learned + learn
+        counts = learned
+
+        def note(slot: int) -> str:
+            if not valid[slot]:
+                return "no data"
+            if warm[slot]:
+                return f"warming up ({counts[slot]}/{self.warmup})"
+            return f"z={z[slot]:.1f}"
+
+        return BatchVerdicts(crossed, recovered, threshold, None, note)
+
+
+EWMA.batch = EWMABatch

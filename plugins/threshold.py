@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sloguard.detector.api import Verdict, hookimpl, reject_unknown
+from sloguard.detector.api import BatchVerdicts, Verdict, hookimpl, reject_unknown
 
 
 class Threshold:
@@ -44,6 +44,32 @@ class Threshold:
         if self.upward:
             return Verdict(value > self.bound, value <= self.recover, self.bound)
         return Verdict(value < self.bound, value >= self.recover, self.bound)
+
+
+class ThresholdBatch:
+    """The same bounds over every series of a rule in one numpy comparison (no state)."""
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        probe = Threshold(params)
+        self.upward, self.bound, self.recover = probe.upward, probe.bound, probe.recover
+
+    def reset(self, slots: Any) -> None:
+        pass  # stateless
+
+    def update(self, values: Any, time_ns: int = 0) -> BatchVerdicts:
+        import numpy as np
+
+        values = np.asarray(values, dtype=float)
+        missing = np.isnan(values)
+        with np.errstate(invalid="ignore"):
+            if self.upward:
+                crossed, recovered = values > self.bound, values <= self.recover
+            else:
+                crossed, recovered = values < self.bound, values >= self.recover
+        return BatchVerdicts(crossed & ~missing, recovered | missing, self.bound)
+
+
+Threshold.batch = ThresholdBatch
 
 
 @hookimpl

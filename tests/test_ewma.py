@@ -92,13 +92,22 @@ def test_vectorised_batch_gives_the_same_numbers_as_the_river_detector(params):
     data[150:, 20:40] -= 8  # and down
     data[rng.random((steps, series)) < 0.03] = np.nan  # missing values
     data[:, 59] = 4.0  # a perfectly flat series
-    batch = EWMABatch(series, params)
+    batch = EWMABatch(params)
     scalars = [REGISTRY.make("ewma", params) for _ in range(series)]
     for step in range(steps):
-        crossed, recovered = batch.update(data[step])
+        if step == 200:  # a new series takes over slot 3: it starts from nothing, as a new
+            batch.reset([3])  # per-series detector does
+            scalars[3] = REGISTRY.make("ewma", params)
+        out = batch.update(data[step], step)
         for i, detector in enumerate(scalars):
             verdict = detector.update(float(data[step, i]), step)
-            assert (crossed[i], recovered[i]) == (verdict.crossed, verdict.recovered), (step, i)
+            assert (out.crossed[i], out.recovered[i]) == (verdict.crossed, verdict.recovered), (
+                step, i)
+            assert out.note(i) == verdict.note, (step, i)
+            if verdict.threshold is None:
+                assert np.isnan(out.threshold[i])
+            else:
+                assert out.threshold[i] == pytest.approx(verdict.threshold), (step, i)
     means = [d.mean.get() for d in scalars]
     variances = [d.var.get() for d in scalars]
     assert np.allclose(batch.mean, means)
