@@ -266,8 +266,8 @@ def backtest(
         typer.echo(f"plot: {plot}")
 
 
-DEFAULT_NAB_DETECTOR = (
-    "ewma:direction=both,fading_factor=0.003,warmup=50,freeze=false,refractory=200")
+# The project's best general detector on NAB, with its own defaults (see README, "NAB").
+DEFAULT_NAB_DETECTOR = "anomaly_likelihood"
 
 
 def _detector_spec(spec: str) -> tuple[str, dict[str, Any]]:
