@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import socket
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -167,16 +168,20 @@ class Settings(BaseSettings):
         return init_settings, env_settings, _YamlSource(settings_cls)
 
 
+# The YAML document `load_settings` is building from. A context variable, not a class attribute:
+# each thread (and task) has its own, so two loads at once cannot see each other's file.
+_DOCUMENT: ContextVar[dict[str, Any] | None] = ContextVar("sloguard_config_document",
+                                                          default=None)
+
+
 class _YamlSource(PydanticBaseSettingsSource):
     """Feeds the already-parsed YAML document (set by `load_settings`) to pydantic-settings."""
 
-    document: ClassVar[dict[str, Any]] = {}
-
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return self.document.get(field_name), field_name, False
+        return (_DOCUMENT.get() or {}).get(field_name), field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        return dict(self.document)
+        return dict(_DOCUMENT.get() or {})
 
 
 class ConfigError(Exception):
@@ -265,14 +270,14 @@ def load_settings(
     cli_overrides = cli_overrides or {}
     env_keys = _env_keys()
     cli_keys = {(key,): flag for key, (flag, _) in cli_overrides.items()}
-    _YamlSource.document = document
+    token = _DOCUMENT.set(document)
     try:
         settings = Settings(**{key: value for key, (_, value) in cli_overrides.items()})
     except ValidationError as exc:
         loaded = LoadedSettings(Settings.model_construct(), config_file, lines, env_keys, cli_keys)
         raise ConfigError(_describe(exc, loaded)) from exc
     finally:
-        _YamlSource.document = {}
+        _DOCUMENT.reset(token)
     return LoadedSettings(settings, config_file, lines, env_keys, cli_keys)
 
 
