@@ -359,6 +359,7 @@ class Engine:
             updated_ns=now_ns,
             labels={**tags, **spec.labels},
             affected=affected_workloads(tags, self.inventory()),
+            policy=spec.policy or "",
             evidence=[Evidence(now_ns, value, threshold,
                                f"crossed: {note}" if note else "crossed")],
         )
@@ -388,6 +389,15 @@ class Engine:
         incident.actions.extend(self.actuator.on_resolved(incident, now_ns))
         self._save(incident)
         log.info("incident %s resolved (%s)", incident.id, note)
+
+    def firing(self) -> list[Incident]:
+        """The incidents firing now (the ladder escalates while they do)."""
+        return [state.incident for state in self.states.values()
+                if state.incident.state == FIRING]
+
+    def save(self, incident: Incident) -> None:
+        """Persist an incident another part changed (the ladder adds its actions)."""
+        self._save(incident)
 
     def _save(self, incident: Incident) -> None:
         """Persist, or keep the incident to retry next tick: a full disk must not lose it."""
