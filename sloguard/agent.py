@@ -15,7 +15,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from sloguard.actuators.dryrun import DryRunActuator
+from sloguard.actuators.env import ActuatorEnv
+from sloguard.actuators.kinds import StepFactory
+from sloguard.actuators.ladder import Ladder
+from sloguard.actuators.ledger import Ledger
+from sloguard.actuators.policy import PolicySet
 from sloguard.collectors.cgroups import CgroupCollector
 from sloguard.config import Settings
 from sloguard.detector.engine import AGENT_GROUP, Engine
@@ -68,12 +72,13 @@ class Agent:
         self.detectors = DetectorRegistry.from_config(settings.detectors)
         self.rules = RuleSet(list(settings.rules.paths), validate_params=self.detectors.check)
         self.windows = RecentWindows()
+        self.ladder = self._build_ladder(data_dir)
         self.engine = Engine(
             windows=self.windows,
             incidents=self.incidents,
             rules=self.rules,
             node=self.node,
-            actuator=DryRunActuator(self.node),
+            actuator=self.ladder,
             registry=self.detectors,
             timeout_s=settings.detectors.timeout,
             inventory=self.cgroups.workloads if self.cgroups else (lambda: []),
@@ -104,6 +109,34 @@ class Agent:
                 "sloguard_cgroups", "Cgroups tracked and vanished mid-read", "kind",
                 lambda: {"tracked": cg.tracked, "vanished_total": cg.vanished_total},
             )
+
+    def _build_ladder(self, data_dir: Any) -> Ladder:
+        """The escalation ladder and what its steps act through (actuators/)."""
+        self.ledger = Ledger(data_dir / "actuators.db")
+        kube, kube_error = None, ""
+        if self.settings.kubernetes.enabled:
+            from sloguard.collectors.kube_pods import load_api_client
+
+            kubeconfig = self.settings.kubernetes.kubeconfig
+            clients: list[Any] = []
+
+            def kube() -> Any:  # built on first use, then shared by every step
+                if not clients:
+                    clients.append(load_api_client(kubeconfig))
+                return clients[0]
+        else:
+            kube_error = "Kubernetes is not configured (kubernetes.enabled: false)"
+        self.actuator_env = ActuatorEnv(self.node, self.ledger, kube=kube, kube_error=kube_error)
+        self.steps = StepFactory(self.actuator_env)
+        self.policies = PolicySet(list(self.settings.actuators.policies),
+                                  validate_step=self.steps.check)
+        return Ladder(
+            self.node, self.policies, self.ledger, self.steps.make,
+            save_incident=lambda incident: self.engine.save(incident),
+            load_incident=self.incidents.get,
+            inventory=self.cgroups.workloads if self.cgroups else (lambda: []),
+            dry_run=self.settings.actuators.dry_run,
+        )
 
     def _start_kubernetes(self) -> None:
         from sloguard.collectors.kube_pods import PodMetadataCache, load_api_client
@@ -142,6 +175,7 @@ class Agent:
                       self._store_error)
         self.store.close()
         self.incidents.close()
+        self.ledger.close()
         log.info("agent stopped")
 
     def _loop(self) -> None:
@@ -184,6 +218,10 @@ class Agent:
         if mono >= self._next_reload:
             self._reload_rules()
         self.engine.evaluate(now_ns)
+        try:
+            self.ladder.tick(now_ns, self.engine.firing())
+        except Exception:  # recorded per step; this is the ladder's own bug, never the loop's
+            log.exception("escalation ladder failed")
         if mono >= self._next_maintain:
             self._next_maintain = mono + MAINTAIN_S
             try:
@@ -196,6 +234,7 @@ class Agent:
         self.metrics.tick_duration.observe(time.perf_counter() - started)
 
     def _reload_rules(self) -> None:
+        self.policies.reload()
         changed = self.rules.reload()
         self._rules_invalid_event(time.time_ns())
         if changed or not self.ticks:
@@ -306,10 +345,16 @@ class Agent:
                 out.append(self.pods.status())
             else:
                 out.append(ComponentStatus("kubernetes", ok=False, reason=self._kube_error))
+        problems = {**self.policies.errors, **self.ladder.errors}
+        dry_run = self.settings.actuators.dry_run
         out.append(ComponentStatus(
-            "actuators", ok=True,
-            reason="dry-run: actions are recorded, not taken",
-            details={"dry_run": self.settings.actuators.dry_run},
+            "actuators", ok=not problems,
+            reason="; ".join(problems.values())[:2000] or (
+                "dry-run: actions are recorded, not taken" if dry_run else ""),
+            details={"dry_run": dry_run, "policies": self.policies.names,
+                     "paths": list(self.policies.paths),
+                     "in_force": [f"{r.policy}#{r.rung + 1} {r.kind} ({r.status})"
+                                  for r in self.ledger.rungs()]},
         ))
         return out
 

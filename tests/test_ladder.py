@@ -314,3 +314,22 @@ def test_an_unknown_policy_is_reported_not_guessed(tmp_path):
     incident = h.incident(0, policy="missing")
     h.tick(0, [incident])
     assert CALLS == [] and "not loaded" in h.ladder.errors["missing"]
+
+
+def test_policies_check_cli(tmp_path, sloguard_bin):
+    import subprocess
+
+    from sloguard.config import load_settings
+
+    shipped = load_settings().settings.actuators.policies
+    ok = subprocess.run([sloguard_bin, "policies", "check", *shipped], capture_output=True,
+                        text=True)
+    assert ok.returncode == 0 and "ls-interference" in ok.stdout, ok.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policies:\n  - name: x\n    steps:\n      - step: cordon\n"
+                   "        params: {taint: Bogus}\n      - step: evictt\n")
+    result = subprocess.run([sloguard_bin, "policies", "check", str(bad)], capture_output=True,
+                            text=True)
+    assert result.returncode == 1
+    assert f"{bad}:5:9: policies.0.steps.0.params: taint must be one of" in result.stderr
+    assert f"{bad}:6:9: policies.0.steps.1.step: unknown step 'evictt'" in result.stderr

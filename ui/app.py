@@ -110,6 +110,34 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
             "file_errors": agent.rules.errors,
         }
 
+    @app.get("/api/actions", tags=["actions"])
+    def actions(
+        since: Annotated[datetime | None, Query(description="at or after (ISO 8601)")] = None,
+        step: Annotated[str | None, Query(description="one step kind, e.g. cordon")] = None,
+        incident: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+    ) -> dict[str, Any]:
+        """The audit log: every step applied or undone (or proposed, in dry-run), newest
+        first, with its incident, target, outcome and the reason the ladder took it."""
+        found = agent.ledger.audit_log(since_ns=_ns(since) or 0, kind=step, incident=incident,
+                                       limit=limit)
+        return {"actions": [vars(entry) for entry in found]}
+
+    @app.get("/api/policies", tags=["actions"])
+    def policies() -> dict[str, Any]:
+        """Loaded escalation policies, the rungs in force on this node, and what works here."""
+        return {
+            "dry_run": agent.settings.actuators.dry_run,
+            "policies": [{"name": p.name, "source": p.source,
+                          "spec": p.spec.model_dump(exclude_defaults=False)}
+                         for p in (agent.policies.get(n) for n in agent.policies.names) if p],
+            "file_errors": agent.policies.errors,
+            "errors": agent.ladder.errors,
+            "in_force": [vars(r) for r in agent.ledger.rungs()],
+            "levers": {kind: {"tried": tried, "worked": worked}
+                       for kind, (tried, worked) in agent.ledger.lever_stats().items()},
+        }
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def index(request: Request, state: str | None = None) -> Response:
         if state not in STATES:
