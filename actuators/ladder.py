@@ -35,7 +35,7 @@ from sloguard.actuators.step import (
     StepContext,
     StepResult,
 )
-from sloguard.incidents import ActionRecord, Incident
+from sloguard.incidents import FIRING, ActionRecord, Incident
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class Ladder:
         load_incident: Callable[[str], Incident | None],
         inventory: Callable[[], list[dict[str, str]]] = lambda: [],
         dry_run: bool = True,
+        open_incidents: Callable[[], list[Incident]] = lambda: [],
     ) -> None:
         self.node = node
         self.policies = policies
@@ -69,6 +70,7 @@ class Ladder:
         self.load_incident = load_incident
         self.inventory = inventory
         self.dry_run = dry_run
+        self.open_incidents = open_incidents
         self.errors: dict[str, str] = {}  # policy name -> why it cannot run
         self._undo_due: dict[str, int] = {}
         self._was_firing: set[str] = set()
@@ -157,6 +159,11 @@ class Ladder:
                 self.ledger.end_episode(name)
             return
         if now_ns < self._undo_due.get(name, 0):
+            return
+        if any(i.policy == name and i.state == FIRING and i.node == self.node
+               for i in self.open_incidents()):
+            # Still firing in the store, but not evaluated (its rule file failed to load after
+            # a restart, say): not a recovery. Hold every lever where it is.
             return
         hold = policy.spec.undo_hold if policy is not None else 30.0
         row = rows[-1]

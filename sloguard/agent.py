@@ -136,6 +136,7 @@ class Agent:
             load_incident=self.incidents.get,
             inventory=self.cgroups.workloads if self.cgroups else (lambda: []),
             dry_run=self.settings.actuators.dry_run,
+            open_incidents=self.incidents.open_incidents,
         )
 
     def _start_kubernetes(self) -> None:

@@ -98,6 +98,7 @@ class Harness:
         (tmp_path / "policies").mkdir(exist_ok=True)
         (tmp_path / "policies" / "p.yaml").write_text(policy)
         self.tmp, self.dry_run = tmp_path, dry_run
+        self.made: list[Incident] = []
         self.incidents = IncidentStore(tmp_path / "incidents.db")
         self.open()
 
@@ -108,17 +109,26 @@ class Harness:
         self.policies = PolicySet([str(self.tmp / "policies")], validate_step=factory.check)
         assert self.policies.reload(), self.policies.errors
         self.ladder = Ladder("node-a", self.policies, self.ledger, factory.make,
-                             self.incidents.save, self.incidents.get, dry_run=self.dry_run)
+                             self.incidents.save, self.incidents.get, dry_run=self.dry_run,
+                             open_incidents=self.incidents.open_incidents)
 
     def incident(self, second: int, policy: str = "guard") -> Incident:
         incident = Incident("inc-1", "f", "LSSlow", "ls", "critical", "node-a", FIRING,
                             {"pod": "web"}, T0 + second * S, T0 + second * S,
                             fired_ns=T0 + second * S, policy=policy)
         self.incidents.save(incident)
+        self.made.append(incident)
         return incident
 
-    def tick(self, second: int, firing: list[Incident], fresh: bool = True) -> None:
+    def tick(self, second: int, firing: list[Incident], fresh: bool = True,
+             unevaluated: bool = False) -> None:
+        """One ladder tick; incidents not in `firing` have resolved (unless `unevaluated`:
+        still open in the store, but their rule is not being evaluated)."""
         now = T0 + second * S
+        for incident in self.made:
+            if incident not in firing and incident.state == FIRING and not unevaluated:
+                incident.state = "resolved"
+                self.incidents.save(incident)
         for incident in firing:
             if fresh:
                 incident.add_evidence(Evidence(now, 30.0, 10.0, "crossed"))
@@ -242,6 +252,19 @@ def test_restart_continues_without_reapplying_and_still_undoes(tmp_path):
         h.tick(second, [])
     assert [c for c in CALLS if c[0] == "undo"] == [
         ("undo", "cpu_idle", False), ("undo", "second", False), ("undo", "first", False)]
+
+
+def test_an_incident_still_open_in_the_store_holds_the_levers(tmp_path):
+    h = Harness(tmp_path)
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    h.tick(10, [incident])
+    h.open()  # restart with its rule file broken: the engine evaluates nothing
+    for second in (11, 21, 31):
+        h.tick(second, [], unevaluated=True)
+    assert [c[0] for c in CALLS] == ["apply", "apply"]  # firing in the store: nothing undone
+    h.tick(41, [])  # it resolved
+    assert CALLS[-1] == ("undo", "second", False)
 
 
 def test_dry_run_records_proposals_and_touches_nothing(tmp_path):
