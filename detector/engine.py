@@ -360,6 +360,9 @@ class Engine:
             labels={**tags, **spec.labels},
             affected=affected_workloads(tags, self.inventory()),
             policy=spec.policy or "",
+            signal={"measurement": spec.selector.measurement, "field": spec.field,
+                    "expr": spec.expr, "aggregate": spec.aggregate,
+                    "window": f"{spec.window:g}s"},
             evidence=[Evidence(now_ns, value, threshold,
                                f"crossed: {note}" if note else "crossed")],
         )

@@ -6,6 +6,7 @@ from the cluster or a rule file and is escaped by Jinja2's autoescaping.
 
 from __future__ import annotations
 
+import time
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -20,6 +22,9 @@ from sloguard import __version__
 from sloguard.incidents import SEVERITIES, STATES
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
+STATIC = Path(__file__).parent / "static"
+CHART_MARGIN_NS = 300 * 10**9  # the series is shown from 5 min before the incident to 5 after
+CHART_MAX_POINTS = 20_000
 
 
 def _when(ns: int | None) -> str:
@@ -45,6 +50,7 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
                 agent.stop()
 
     app = FastAPI(title="sloguard", version=__version__, lifespan=lifespan)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> Response:
@@ -110,6 +116,15 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
             "file_errors": agent.rules.errors,
         }
 
+    @app.get("/api/incidents/{incident_id}/series", tags=["incidents"])
+    def incident_series(incident_id: str) -> dict[str, Any]:
+        """The series that triggered the incident, around it, with the thresholds it was judged
+        against and the times of every action: what the incident page charts."""
+        incident = agent.incidents.get(incident_id)
+        if incident is None:
+            raise HTTPException(404, "no such incident")
+        return incident_chart(agent.store, incident, time.time_ns())
+
     @app.get("/api/actions", tags=["actions"])
     def actions(
         since: Annotated[datetime | None, Query(description="at or after (ISO 8601)")] = None,
@@ -138,6 +153,23 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
                        for kind, (tried, worked) in agent.ledger.lever_stats().items()},
         }
 
+    @app.get("/incidents/{incident_id}", response_class=HTMLResponse, include_in_schema=False)
+    def incident_page(request: Request, incident_id: str) -> Response:
+        incident = agent.incidents.get(incident_id)
+        if incident is None:
+            raise HTTPException(404, "no such incident")
+        audit = agent.ledger.audit_log(incident=incident_id, limit=200)
+        timeline = sorted(
+            [("evidence", e.time_ns, e) for e in incident.evidence]
+            + [("action", a.time_ns, a) for a in incident.actions]
+            + [("state", t, label) for t, label in (
+                (incident.fired_ns, "fired"), (incident.resolved_ns, "resolved")) if t],
+            key=lambda entry: entry[1])
+        return TEMPLATES.TemplateResponse(request, "incident.html", {
+            "i": incident, "node": agent.node, "version": __version__,
+            "audit": list(reversed(audit)), "timeline": timeline,
+        })
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def index(request: Request, state: str | None = None) -> Response:
         if state not in STATES:
@@ -150,6 +182,61 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
         )
 
     return app
+
+
+def incident_chart(store: Any, incident: Any, now_ns: int) -> dict[str, Any]:
+    """Aligned columns for uPlot: x (seconds), the value, and the threshold in force (from the
+    evidence, held until the next one), plus action and state-change markers."""
+    from sloguard.selectors import Matcher
+    from sloguard.store import WindowQuery
+
+    signal = incident.signal
+    start = incident.started_ns - CHART_MARGIN_NS
+    end = (incident.resolved_ns or now_ns) + CHART_MARGIN_NS
+    points: list[tuple[int, float]] = []
+    error = ""
+    if signal.get("measurement") and signal.get("field"):
+        matchers = tuple(Matcher(k, "=", v) for k, v in incident.series.items())
+        try:
+            samples = store.read_samples(WindowQuery(
+                signal["measurement"], start, end, fields=(signal["field"],),
+                matchers=matchers))
+        except Exception as exc:  # the page still shows the evidence
+            error = f"cannot read the series: {exc}"
+            samples = []
+        for sample in samples:
+            if sample.tags == incident.series or all(
+                    sample.tags.get(k) == v for k, v in incident.series.items()):
+                value = sample.fields.get(signal["field"])
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    points.append((sample.time_ns, float(value)))
+    else:
+        error = "this incident does not say which series it watched"
+    points.sort()
+    if len(points) > CHART_MAX_POINTS:
+        stride = -(-len(points) // CHART_MAX_POINTS)
+        points = points[::stride]
+    evidence = sorted((e.time_ns, e.threshold) for e in incident.evidence)
+    times = sorted({t for t, _ in points} | {t for t, _ in evidence})
+    values = dict(points)
+    thresholds, current, ei = [], None, 0
+    for t in times:
+        while ei < len(evidence) and evidence[ei][0] <= t:
+            current = evidence[ei][1]
+            ei += 1
+        thresholds.append(current)
+    marks = [{"t": a.time_ns / 1e9, "label": f"{a.step} {a.status}", "dry_run": a.dry_run}
+             for a in incident.actions]
+    return {
+        "x": [t / 1e9 for t in times],
+        "value": [values.get(t) for t in times],
+        "threshold": thresholds,
+        "field": signal.get("field", ""), "expr": signal.get("expr", ""),
+        "started": incident.started_ns / 1e9,
+        "fired": incident.fired_ns / 1e9 if incident.fired_ns else None,
+        "resolved": incident.resolved_ns / 1e9 if incident.resolved_ns else None,
+        "actions": marks, "error": error,
+    }
 
 
 def _ns(moment: datetime | None) -> int | None:

@@ -1,0 +1,150 @@
+"""The web UI in a real headless Chromium (Debian's), driven by Playwright.
+
+The agent here is real (its engine, stores and ladder), fed samples directly instead of by its
+collectors, and served by uvicorn on loopback. Screenshots are kept in test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import need
+
+from sloguard.samples import Sample
+
+S = 1_000_000_000
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+HOSTILE_POD = '<img src=x onerror="window.__xss=1">web-1'
+RULES = """\
+groups:
+  - name: ls
+    rules:
+      - alert: LSSlow
+        expr: lat{class="LS"}
+        field: p99
+        aggregate: last
+        window: 2s
+        params: {above: 10, recover_below: 5}
+        for: 2s
+        recover_for: 3s
+        severity: critical
+        policy: ls-interference
+        annotations:
+          summary: "{{ $labels.pod }} p99 {{ $value }} ms"
+          runbook: "<script>window.__xss=2</script>see the wiki"
+"""
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium")
+
+
+@pytest.fixture
+def served_agent(tmp_path):
+    import uvicorn
+
+    from sloguard.agent import Agent
+    from sloguard.config import load_settings
+    from sloguard.ui.app import create_app
+
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "r.yaml").write_text(RULES)
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"node_name: ui-node\ndata_dir: {tmp_path / 'data'}\n"
+        f"rules:\n  paths: [{tmp_path / 'rules'}]\n"
+        "collectors:\n  node: {enabled: false}\n  cgroups: {enabled: false}\n")
+    agent = Agent(load_settings(config).settings)
+    agent._reload_rules()
+    now = time.time_ns() - 120 * S
+    for second in range(60):  # quiet, then slow for 25 s, then quiet again
+        value = 40.0 if 20 <= second < 45 else 2.0 + (second % 3)
+        sample = Sample("lat", {"node": "ui-node", "class": "LS", "pod": HOSTILE_POD},
+                        {"p99": value}, now + second * S)
+        agent.store.write([sample])
+        agent.windows.add([sample])
+        agent.engine.evaluate(now + second * S)
+        agent.ladder.tick(now + second * S, agent.engine.firing())
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(agent, manage_lifecycle=False),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started
+    yield agent, f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_list_open_an_incident_and_see_its_chart(served_agent):
+    need(_chromium() is not None, "Debian's chromium is not installed "
+                                  "(scripts/browser-testenv.sh installs it)")
+    from playwright.sync_api import sync_playwright
+
+    agent, url = served_agent
+    [incident] = agent.incidents.query(limit=10)
+    assert incident.state == "resolved" and incident.actions
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        page.goto(url + "/")
+        row = page.locator("tbody tr", has_text="ls/LSSlow")
+        assert row.count() == 1 and "resolved" in row.inner_text()
+        page.screenshot(path=str(ARTIFACTS / "incidents.png"), full_page=True)
+        row.get_by_role("link").click()
+        page.wait_for_url(f"**/incidents/{incident.id}")
+        page.wait_for_function("window.sloguardChart && window.sloguardChart.drawn", timeout=10000)
+        chart = page.evaluate("""() => {
+            const c = window.sloguardChart;
+            return {points: c.data.x.length,
+                    values: c.data.value.filter(v => v !== null).length,
+                    thresholds: c.data.threshold.filter(v => v !== null).length,
+                    actions: c.data.actions.length,
+                    canvas: document.querySelectorAll('#chart canvas').length};
+        }""")
+        assert chart["points"] >= 60 and chart["values"] == 60  # every stored sample
+        assert chart["thresholds"] > 0 and chart["actions"] == len(incident.actions)
+        assert chart["canvas"] >= 1
+        # the canvas has the series drawn on it: not a blank rectangle
+        painted = page.evaluate("""() => {
+            const c = document.querySelector('#chart canvas');
+            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+            let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++;
+            return n;
+        }""")
+        assert painted > 1000
+        timeline = page.locator("#timeline").inner_text()
+        assert "notify" in timeline and "evidence" in timeline
+        # hostile strings from the cluster (pod name) and a rule (annotation) are text
+        assert HOSTILE_POD in page.locator("dl").inner_text()
+        assert "<script>window.__xss=2</script>see the wiki" in page.locator("dl").inner_text()
+        assert page.evaluate("() => window.__xss") is None
+        page.screenshot(path=str(ARTIFACTS / "incident.png"), full_page=True)
+        browser.close()
+
+
+def test_series_api_of_an_incident(served_agent):
+    import httpx
+
+    agent, url = served_agent
+    [incident] = agent.incidents.query(limit=10)
+    body = httpx.get(f"{url}/api/incidents/{incident.id}/series", timeout=10).json()
+    assert body["field"] == "p99" and body["expr"] == 'lat{class="LS"}'
+    values = [v for v in body["value"] if v is not None]
+    assert len(values) == 60 and max(values) == 40.0
+    assert body["fired"] and body["resolved"] and body["fired"] < body["resolved"]
+    assert 10.0 in body["threshold"]
+    assert httpx.get(f"{url}/api/incidents/nope/series", timeout=10).status_code == 404
+    vendored = httpx.get(f"{url}/static/vendor/uPlot.iife.min.js", timeout=10)
+    assert vendored.status_code == 200 and "uPlot" in vendored.text[:2000]
