@@ -148,3 +148,42 @@ def test_series_api_of_an_incident(served_agent):
     assert httpx.get(f"{url}/api/incidents/nope/series", timeout=10).status_code == 404
     vendored = httpx.get(f"{url}/static/vendor/uPlot.iife.min.js", timeout=10)
     assert vendored.status_code == 200 and "uPlot" in vendored.text[:2000]
+
+
+def test_filters_live_updates_and_the_other_pages(served_agent):
+    need(_chromium() is not None, "Debian's chromium is not installed "
+                                  "(scripts/browser-testenv.sh installs it)")
+    from playwright.sync_api import sync_playwright
+
+    agent, url = served_agent
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(url + "/")
+        page.select_option("select[name=state]", "firing")  # htmx swaps the table in place
+        page.wait_for_function(
+            "document.querySelector('#incidents').innerText.includes('No incidents match')")
+        # a new incident fires while the page is open: the live table picks it up
+        now = time.time_ns()
+        for second in range(4):
+            sample = Sample("lat", {"node": "ui-node", "class": "LS", "pod": "web-2"},
+                            {"p99": 50.0}, now + second * S)
+            agent.store.write([sample])
+            agent.windows.add([sample])
+            agent.engine.evaluate(now + second * S)
+        assert [i.state for i in agent.incidents.query(state="firing")] == ["firing"]
+        page.wait_for_function(
+            "document.querySelector('#incidents').innerText.includes('web-2')", timeout=12000)
+        assert "web-1" not in page.locator("#incidents").inner_text()  # still filtered
+
+        page.goto(url + "/rules")
+        rules = page.locator("#rules").inner_text()
+        assert "ls/LSSlow" in rules and "ls-interference" in rules and "threshold" in rules
+        page.goto(url + "/actions")
+        audit = page.locator("#audit").inner_text()
+        assert "apply notify" in audit and "rung 1/2 of policy ls-interference" in audit
+        page.goto(url + "/node")
+        components = page.locator("#components").inner_text()
+        assert "store:embedded" in components and "actuators" in components
+        page.screenshot(path=str(ARTIFACTS / "node.png"), full_page=True)
+        browser.close()

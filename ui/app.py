@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sloguard import __version__
 from sloguard.incidents import SEVERITIES, STATES
+from sloguard.ui.pages import add_pages
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 STATIC = Path(__file__).parent / "static"
@@ -166,21 +167,11 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
                 (incident.fired_ns, "fired"), (incident.resolved_ns, "resolved")) if t],
             key=lambda entry: entry[1])
         return TEMPLATES.TemplateResponse(request, "incident.html", {
-            "i": incident, "node": agent.node, "version": __version__,
+            "i": incident, "node": agent.node, "version": __version__, "page": "incidents",
             "audit": list(reversed(audit)), "timeline": timeline,
         })
 
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def index(request: Request, state: str | None = None) -> Response:
-        if state not in STATES:
-            state = None
-        found = agent.incidents.query(state=state, limit=200)
-        return TEMPLATES.TemplateResponse(
-            request, "index.html",
-            {"incidents": found, "node": agent.node, "state": state, "states": STATES,
-             "components": agent.components(), "version": __version__},
-        )
-
+    add_pages(app, agent, TEMPLATES)
     return app
 
 
