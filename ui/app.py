@@ -10,10 +10,10 @@ import time
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -26,6 +26,7 @@ TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 STATIC = Path(__file__).parent / "static"
 CHART_MARGIN_NS = 300 * 10**9  # the series is shown from 5 min before the incident to 5 after
 CHART_MAX_POINTS = 20_000
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such incident"}}
 
 
 def _when(ns: int | None) -> str:
@@ -53,12 +54,14 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
     app = FastAPI(title="sloguard", version=__version__, lifespan=lifespan)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
-    @app.get("/healthz", tags=["health"])
+    @app.get("/healthz", tags=["health"], responses={
+        503: {"description": "the agent's loop has not ticked recently: restart it"}})
     def healthz() -> Response:
         ok = agent.alive()
         return JSONResponse({"ok": ok, "ticks": agent.ticks}, status_code=200 if ok else 503)
 
-    @app.get("/readyz", tags=["health"])
+    @app.get("/readyz", tags=["health"], responses={
+        503: {"description": "not ready: a component it needs does not work (see components)"}})
     def readyz() -> Response:
         components = [c.as_dict() for c in agent.components()]
         ready = agent.ready()
@@ -67,16 +70,17 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
             status_code=200 if ready else 503,
         )
 
-    @app.get("/metrics", tags=["health"])
+    @app.get("/metrics", tags=["health"], response_class=PlainTextResponse, responses={
+        200: {"content": {"text/plain": {}},
+              "description": "Prometheus text exposition format"}})
     def metrics() -> Response:
         return Response(generate_latest(agent.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/api/incidents", tags=["incidents"])
     def list_incidents(
-        state: Annotated[str | None, Query(description=f"one of {', '.join(STATES)}")] = None,
+        state: Annotated[Literal[STATES] | None, Query()] = None,  # type: ignore[valid-type]
         severity: Annotated[
-            str | None, Query(description=f"one of {', '.join(SEVERITIES)}")
-        ] = None,
+            Literal[SEVERITIES] | None, Query()] = None,  # type: ignore[valid-type]
         rule: str | None = None,
         node: str | None = None,
         since: Annotated[
@@ -85,17 +89,13 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
         until: Annotated[datetime | None, Query(description="started before (ISO 8601)")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     ) -> dict[str, Any]:
-        if state is not None and state not in STATES:
-            raise HTTPException(422, f"state must be one of {', '.join(STATES)}")
-        if severity is not None and severity not in SEVERITIES:
-            raise HTTPException(422, f"severity must be one of {', '.join(SEVERITIES)}")
         found = agent.incidents.query(
             state=state, severity=severity, rule=rule, node=node,
             since_ns=_ns(since), until_ns=_ns(until), limit=limit,
         )
         return {"incidents": [i.to_dict() for i in found]}
 
-    @app.get("/api/incidents/{incident_id}", tags=["incidents"])
+    @app.get("/api/incidents/{incident_id}", tags=["incidents"], responses=NOT_FOUND)
     def get_incident(incident_id: str) -> dict[str, Any]:
         incident = agent.incidents.get(incident_id)
         if incident is None:
@@ -117,7 +117,7 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
             "file_errors": agent.rules.errors,
         }
 
-    @app.get("/api/incidents/{incident_id}/series", tags=["incidents"])
+    @app.get("/api/incidents/{incident_id}/series", tags=["incidents"], responses=NOT_FOUND)
     def incident_series(incident_id: str) -> dict[str, Any]:
         """The series that triggered the incident, around it, with the thresholds it was judged
         against and the times of every action: what the incident page charts."""
@@ -235,4 +235,6 @@ def _ns(moment: datetime | None) -> int | None:
         return None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1e9)
+    # nanoseconds since the epoch fit int64 only until 2262: later (or far earlier) dates are
+    # clamped, so "since year 3000" is simply an empty answer, not a failed query
+    return max(-(2**63), min(int(moment.timestamp() * 1e9), 2**63 - 1))
