@@ -8,9 +8,11 @@ UI/API serves from uvicorn's threads and reads through the stores' own connectio
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -85,6 +87,7 @@ class Agent:
             on_evaluation=lambda rule, result: self.metrics.rule_evaluations.labels(
                 rule, result).inc(),
         )
+        self._calls: queue.SimpleQueue[tuple[Any, Future]] = queue.SimpleQueue()
         self._buffer: deque[Sample] = deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -192,12 +195,44 @@ class Agent:
             if now > deadline:
                 self.metrics.tick_overruns.inc()
                 deadline = now
-            self._stop.wait(deadline - now)
+            self._wait_or_call(deadline - now)
+
+    def _wait_or_call(self, seconds: float) -> None:
+        """Sleep until the next tick, but serve calls (an acknowledge from the UI) at once."""
+        end = time.monotonic() + seconds
+        while not self._stop.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                work, future = self._calls.get(timeout=min(left, 0.1))
+            except queue.Empty:
+                continue
+            _run_one(work, future)
 
     # -- one tick ------------------------------------------------------------------------
 
+    def call_on_loop(self, work: Any, timeout_s: float = 10.0) -> Any:
+        """Run `work()` on the agent's loop thread between ticks (the engine and the ladder
+        are the loop's alone), and return its result or raise its exception. Before the loop
+        runs (tests, start-up), it runs here."""
+        if self._thread is None or not self._thread.is_alive():
+            return work()
+        future: Future = Future()
+        self._calls.put((work, future))
+        return future.result(timeout=timeout_s)
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                work, future = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            _run_one(work, future)
+
     def tick(self, now_ns: int | None = None) -> None:
         started = time.perf_counter()
+        self._run_calls()
         now_ns = now_ns or time.time_ns()
         for collector in self.collectors:
             t0 = time.perf_counter()
@@ -367,3 +402,11 @@ class Agent:
         essential = [c.ok for c in self.components()
                      if c.name.startswith("store:") or c.name == "rules"]
         return self.alive() and all(essential)
+
+
+def _run_one(work: Any, future: Future) -> None:
+    if future.set_running_or_notify_cancel():
+        try:
+            future.set_result(work())
+        except BaseException as exc:  # handed to the caller
+            future.set_exception(exc)

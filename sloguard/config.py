@@ -9,6 +9,7 @@ every error names the file and line (or the environment variable) and the field.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -20,9 +21,11 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     WithJsonSchema,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -134,6 +137,38 @@ class ActuatorsConfig(_Section):
         description="escalation policy files or directories of *.yaml")
 
 
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class UiConfig(_Section):
+    token: SecretStr | None = Field(
+        None, description="bearer token for changes (and for reading when not on loopback); "
+                          "prefer token_file or SLOGUARD_UI__TOKEN")
+    token_file: Path | None = Field(None, description="file holding the token (a Secret)")
+    session_hours: float = Field(12.0, gt=0, description="how long a browser login lasts")
+
+    def resolved_token(self) -> str | None:
+        """The token from `token`, else from `token_file` (read when asked, so a rotated
+        Secret is picked up); None when neither is set."""
+        if self.token is not None and self.token.get_secret_value():
+            return self.token.get_secret_value()
+        if self.token_file is not None:
+            try:
+                text = self.token_file.read_text().strip()
+            except OSError:
+                return None
+            return text or None
+        return None
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED, extra="forbid"
@@ -150,6 +185,7 @@ class Settings(BaseSettings):
     rules: RulesConfig = Field(default_factory=RulesConfig)
     detectors: DetectorsConfig = Field(default_factory=DetectorsConfig)
     actuators: ActuatorsConfig = Field(default_factory=ActuatorsConfig)
+    ui: UiConfig = Field(default_factory=UiConfig)
 
     @field_validator("listen")
     @classmethod
@@ -158,6 +194,15 @@ class Settings(BaseSettings):
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"must be HOST:PORT, e.g. 127.0.0.1:8080, got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _exposed_needs_a_token(self) -> Settings:
+        host = self.listen_host_port[0]
+        if not _loopback(host) and self.ui.token is None and self.ui.token_file is None:
+            raise ValueError(
+                f"listen: {host} is not loopback, so ui.token or ui.token_file is required: the "
+                "incidents and the node's workloads must not be readable by anyone on the network")
+        return self
 
     @property
     def listen_host_port(self) -> tuple[str, int]:
@@ -293,12 +338,15 @@ def _describe(exc: ValidationError, loaded: LoadedSettings) -> str:
     messages = []
     for error in exc.errors():
         path = tuple(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        given = error.get("input")
+        cross = re.match(r"^([a-z_][a-z0-9_.]*): (.*)$", message, re.S) if not path else None
+        if cross:  # a check across fields names the field to fix first
+            path, message, given = tuple(cross.group(1).split(".")), cross.group(2), None
         field = ".".join(path) or "(top level)"
         where = loaded.source_of(path, nearest=True)
         if where == "default" and loaded.file:
             where = str(loaded.file)
-        message = error["msg"].removeprefix("Value error, ")
-        given = error.get("input")
         if error["type"] == "extra_forbidden":
             message = "unknown setting (check the spelling; `sloguard config show` lists them)"
         elif given is not None and error["type"] != "missing" and repr(given) not in message:

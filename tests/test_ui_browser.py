@@ -7,37 +7,17 @@ collectors, and served by uvicorn on loopback. Screenshots are kept in test-arti
 from __future__ import annotations
 
 import shutil
-import socket
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from conftest import need
+from support.uiserver import HOSTILE_POD, served_agent
 
 from sloguard.samples import Sample
 
 S = 1_000_000_000
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
-HOSTILE_POD = '<img src=x onerror="window.__xss=1">web-1'
-RULES = """\
-groups:
-  - name: ls
-    rules:
-      - alert: LSSlow
-        expr: lat{class="LS"}
-        field: p99
-        aggregate: last
-        window: 2s
-        params: {above: 10, recover_below: 5}
-        for: 2s
-        recover_for: 3s
-        severity: critical
-        policy: ls-interference
-        annotations:
-          summary: "{{ $labels.pod }} p99 {{ $value }} ms"
-          runbook: "<script>window.__xss=2</script>see the wiki"
-"""
 
 
 def _chromium() -> str | None:
@@ -45,53 +25,17 @@ def _chromium() -> str | None:
 
 
 @pytest.fixture
-def served_agent(tmp_path):
-    import uvicorn
-
-    from sloguard.agent import Agent
-    from sloguard.config import load_settings
-    from sloguard.ui.app import create_app
-
-    (tmp_path / "rules").mkdir()
-    (tmp_path / "rules" / "r.yaml").write_text(RULES)
-    config = tmp_path / "c.yaml"
-    config.write_text(
-        f"node_name: ui-node\ndata_dir: {tmp_path / 'data'}\n"
-        f"rules:\n  paths: [{tmp_path / 'rules'}]\n"
-        "collectors:\n  node: {enabled: false}\n  cgroups: {enabled: false}\n")
-    agent = Agent(load_settings(config).settings)
-    agent._reload_rules()
-    now = time.time_ns() - 120 * S
-    for second in range(60):  # quiet, then slow for 25 s, then quiet again
-        value = 40.0 if 20 <= second < 45 else 2.0 + (second % 3)
-        sample = Sample("lat", {"node": "ui-node", "class": "LS", "pod": HOSTILE_POD},
-                        {"p99": value}, now + second * S)
-        agent.store.write([sample])
-        agent.windows.add([sample])
-        agent.engine.evaluate(now + second * S)
-        agent.ladder.tick(now + second * S, agent.engine.firing())
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(agent, manage_lifecycle=False),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started
-    yield agent, f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+def served(tmp_path):
+    with served_agent(tmp_path) as pair:
+        yield pair
 
 
-def test_list_open_an_incident_and_see_its_chart(served_agent):
+def test_list_open_an_incident_and_see_its_chart(served):
     need(_chromium() is not None, "Debian's chromium is not installed "
                                   "(scripts/browser-testenv.sh installs it)")
     from playwright.sync_api import sync_playwright
 
-    agent, url = served_agent
+    agent, url = served
     [incident] = agent.incidents.query(limit=10)
     assert incident.state == "resolved" and incident.actions
     ARTIFACTS.mkdir(exist_ok=True)
@@ -134,10 +78,10 @@ def test_list_open_an_incident_and_see_its_chart(served_agent):
         browser.close()
 
 
-def test_series_api_of_an_incident(served_agent):
+def test_series_api_of_an_incident(served):
     import httpx
 
-    agent, url = served_agent
+    agent, url = served
     [incident] = agent.incidents.query(limit=10)
     body = httpx.get(f"{url}/api/incidents/{incident.id}/series", timeout=10).json()
     assert body["field"] == "p99" and body["expr"] == 'lat{class="LS"}'
@@ -150,12 +94,12 @@ def test_series_api_of_an_incident(served_agent):
     assert vendored.status_code == 200 and "uPlot" in vendored.text[:2000]
 
 
-def test_filters_live_updates_and_the_other_pages(served_agent):
+def test_filters_live_updates_and_the_other_pages(served):
     need(_chromium() is not None, "Debian's chromium is not installed "
                                   "(scripts/browser-testenv.sh installs it)")
     from playwright.sync_api import sync_playwright
 
-    agent, url = served_agent
+    agent, url = served
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1280, "height": 900})

@@ -11,15 +11,24 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
-from fastapi import FastAPI, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi import FastAPI, Form, HTTPException, Query, Request
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field
 
 from sloguard import __version__
 from sloguard.incidents import SEVERITIES, STATES
+from sloguard.ui.auth import SESSION_COOKIE, Auth
 from sloguard.ui.pages import add_pages
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
@@ -27,6 +36,33 @@ STATIC = Path(__file__).parent / "static"
 CHART_MARGIN_NS = 300 * 10**9  # the series is shown from 5 min before the incident to 5 after
 CHART_MAX_POINTS = 20_000
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such incident"}}
+CHANGE_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"description": "no or wrong bearer token"},
+    403: {"description": "changes are disabled on this agent (no ui.token configured)"}}
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/login", "/logout"})
+
+
+class ChangeBody(BaseModel):
+    author: str = Field(min_length=1, max_length=100, description="who, for the record")
+    comment: str = Field("", max_length=2000)
+
+
+def _change(agent: Any, incident_id: str, what: str, author: str,
+            comment: str) -> dict[str, Any]:
+    engine = agent.engine
+    act = engine.acknowledge if what == "ack" else engine.resolve_by_hand
+    try:
+        incident = agent.call_on_loop(lambda: act(incident_id, author, comment, time.time_ns()))
+    except KeyError:
+        raise HTTPException(404, "no such incident") from None
+    except ValueError as exc:
+        raise HTTPException(409, str(exc)) from None
+    return incident.to_dict()
+
+
+def _local(target: str) -> str:
+    """Only same-site paths as redirect targets (no open redirect through ?next=)."""
+    return target if target.startswith("/") and not target.startswith("//") else "/"
 
 
 def _when(ns: int | None) -> str:
@@ -53,6 +89,20 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
 
     app = FastAPI(title="sloguard", version=__version__, lifespan=lifespan)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    auth = Auth(agent.settings)
+    app.state.auth = auth
+
+    @app.middleware("http")
+    async def reading_needs_a_login_off_loopback(request: Request, call_next: Any) -> Response:
+        path = request.url.path
+        if auth.read_open or path in OPEN_PATHS or path.startswith("/static/") or (
+                auth.authenticated(request)):
+            return await call_next(request)
+        if path.startswith("/api/") or path == "/metrics" or path == "/openapi.json":
+            return JSONResponse({"detail": "this agent listens beyond loopback: send "
+                                           "Authorization: Bearer <ui.token>, or log in"},
+                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        return RedirectResponse(f"/login?next={quote(path)}", status_code=303)
 
     @app.get("/healthz", tags=["health"], responses={
         503: {"description": "the agent's loop has not ticked recently: restart it"}})
@@ -126,6 +176,58 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
             raise HTTPException(404, "no such incident")
         return incident_chart(agent.store, incident, time.time_ns())
 
+    @app.post("/api/incidents/{incident_id}/ack", tags=["incidents"],
+              responses={**NOT_FOUND, **CHANGE_ERRORS})
+    def acknowledge(incident_id: str, body: ChangeBody, request: Request) -> dict[str, Any]:
+        """Acknowledge an incident (someone is on it). Needs the bearer token."""
+        auth.require_change(request)
+        return _change(agent, incident_id, "ack", body.author, body.comment)
+
+    @app.post("/api/incidents/{incident_id}/resolve", tags=["incidents"],
+              responses={**NOT_FOUND, **CHANGE_ERRORS,
+                         409: {"description": "already resolved"}})
+    def resolve(incident_id: str, body: ChangeBody, request: Request) -> dict[str, Any]:
+        """Resolve an incident by hand; if its condition still holds, the rule opens a new one
+        after its `for`. Needs the bearer token."""
+        auth.require_change(request)
+        return _change(agent, incident_id, "resolve", body.author, body.comment)
+
+    @app.post("/incidents/{incident_id}/{what}", include_in_schema=False)
+    def change_from_the_browser(
+        incident_id: str, what: str, request: Request,
+        author: Annotated[str, Form(min_length=1, max_length=100)],
+        csrf: Annotated[str, Form()] = "",
+        comment: Annotated[str, Form(max_length=2000)] = "",
+    ) -> Response:
+        if what not in ("ack", "resolve"):
+            raise HTTPException(404, "no such change")
+        auth.require_change(request, csrf)
+        _change(agent, incident_id, what, author, comment)
+        return RedirectResponse(f"/incidents/{quote(incident_id)}", status_code=303)
+
+    @app.get("/login", response_class=HTMLResponse, include_in_schema=False)
+    def login_page(request: Request, next: str = "/", failed: bool = False) -> Response:
+        return TEMPLATES.TemplateResponse(request, "login.html", {
+            "node": agent.node, "version": __version__, "page": "", "next": _local(next),
+            "failed": failed, "enabled": auth._token() is not None})
+
+    @app.post("/login", include_in_schema=False)
+    def login(token: Annotated[str, Form()], next: Annotated[str, Form()] = "/") -> Response:
+        cookie = auth.login(token)
+        if cookie is None:
+            return RedirectResponse(f"/login?failed=true&next={quote(_local(next))}",
+                                    status_code=303)
+        response = RedirectResponse(_local(next), status_code=303)
+        response.set_cookie(SESSION_COOKIE, cookie, httponly=True, samesite="strict",
+                            max_age=int(agent.settings.ui.session_hours * 3600))
+        return response
+
+    @app.post("/logout", include_in_schema=False)
+    def logout() -> Response:
+        response = RedirectResponse("/", status_code=303)
+        response.delete_cookie(SESSION_COOKIE)
+        return response
+
     @app.get("/api/actions", tags=["actions"])
     def actions(
         since: Annotated[datetime | None, Query(description="at or after (ISO 8601)")] = None,
@@ -169,6 +271,8 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
         return TEMPLATES.TemplateResponse(request, "incident.html", {
             "i": incident, "node": agent.node, "version": __version__, "page": "incidents",
             "audit": list(reversed(audit)), "timeline": timeline,
+            "changes": auth._token() is not None,
+            "csrf": auth.csrf(auth.session(request)),
         })
 
     add_pages(app, agent, TEMPLATES)
