@@ -26,3 +26,6 @@ class ActuatorEnv:
     resctrl_root: Path = Path("/sys/fs/resctrl")
     notifier: Any = None  # the alert pipeline, when one is configured
     request_timeout_s: float = 5.0
+    # pod uid, resource ("cpu", "memory") -> current usage (cores, bytes), None when unknown:
+    # what the evict step ranks by; without it, it ranks by requests and says so
+    usage: Callable[[str, str], float | None] | None = None

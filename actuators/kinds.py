@@ -17,6 +17,8 @@ from sloguard.actuators.policy import StepSpec
 BUILTIN_STEPS = {
     "notify": "sloguard.actuators.notify:Notify",
     "cordon": "sloguard.actuators.cordon:Cordon",
+    "reduce_capacity": "sloguard.actuators.capacity:ReduceCapacity",
+    "evict": "sloguard.actuators.evict:Evict",
 }
 
 
