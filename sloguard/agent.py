@@ -129,7 +129,9 @@ class Agent:
                 return clients[0]
         else:
             kube_error = "Kubernetes is not configured (kubernetes.enabled: false)"
-        self.actuator_env = ActuatorEnv(self.node, self.ledger, kube=kube, kube_error=kube_error)
+        self.actuator_env = ActuatorEnv(
+            self.node, self.ledger, kube=kube, kube_error=kube_error,
+            usage=self.cgroups.usage if self.cgroups else None)
         self.steps = StepFactory(self.actuator_env)
         self.policies = PolicySet(list(self.settings.actuators.policies),
                                   validate_step=self.steps.check)

@@ -8,6 +8,7 @@ say what works.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -119,8 +120,8 @@ def test_agent_detects_and_resolves_and_survives_restart(tmp_path, real_cgroups,
         [audit] = agent.get("/api/actions").json()["actions"]
         assert (audit["incident"], audit["kind"], audit["action"], audit["status"]) == (
             incident["id"], "notify", "apply", "skipped")
-        assert "firing for" in audit["reason"] and "rung 1/2 of policy ls-interference" in (
-            audit["reason"])
+        assert "firing for" in audit["reason"]
+        assert re.search(r"rung 1/\d+ of policy ls-interference", audit["reason"])
         policies = agent.get("/api/policies").json()
         assert policies["dry_run"] is True and policies["in_force"][0]["kind"] == "notify"
 
