@@ -17,6 +17,11 @@ from sloguard.actuators.policy import StepSpec
 BUILTIN_STEPS = {
     "notify": "sloguard.actuators.notify:Notify",
     "cordon": "sloguard.actuators.cordon:Cordon",
+    "cpu_idle": "sloguard.actuators.cpu_idle:CpuIdle",
+    "cpuset": "sloguard.actuators.cpuset:Cpuset",
+    "cpu_quota": "sloguard.actuators.cpu_quota:CpuQuota",
+    "memory_limit": "sloguard.actuators.memory_limit:MemoryLimit",
+    "resctrl": "sloguard.actuators.resctrl:Resctrl",
 }
 
 
