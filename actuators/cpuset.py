@@ -257,10 +257,12 @@ class Cpuset:
         if changes.ctx.dry_run:
             changes.note(f"/{'/'.join(parent_parts)}: would enable cpuset for its children, "
                          f"then write {target.name} cpuset.cpus = {value}")
+            changes.records.append({"cgroup": target.name, "file": str(
+                directory / "cpuset.cpus"), "old": "", "wrote": value})
             enabled.append(str(control))
             return False
         try:
-            write_value(control, "+cpuset")
+            self._subtree_control(control, "+cpuset")
         except OSError as exc:
             changes.fail(f"/{'/'.join(parent_parts)}: cannot enable cpuset: "
                          f"{exc.strerror or exc}")
@@ -268,6 +270,11 @@ class Cpuset:
         enabled.append(str(control))
         changes.note(f"/{'/'.join(parent_parts)}: cpuset enabled for its children")
         return True
+
+    def _subtree_control(self, path: Path, change: str) -> None:
+        """Enable or disable a controller for a cgroup's children (a format test replays what
+        the kernel does on this write)."""
+        write_value(path, change)
 
     def undo(self, ctx: StepContext, undo: dict[str, Any]) -> StepResult:
         result = undo_writes(ctx, self.target(ctx), WHAT, undo.get("writes", []))
@@ -280,7 +287,7 @@ class Cpuset:
             if current is None or "cpuset" not in current.split():
                 continue
             try:
-                write_value(path, "-cpuset")
+                self._subtree_control(path, "-cpuset")
                 notes.append(f"cpuset disabled again in {path.parent}")
             except OSError as exc:  # a child enabled it further down since: theirs now
                 notes.append(f"cpuset left enabled in {path.parent}: {exc.strerror or exc}")
