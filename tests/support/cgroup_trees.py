@@ -46,10 +46,11 @@ def _write(directory: Path, files: dict[str, str]) -> None:
             (directory / name).write_text(content + "\n" if content else "")
 
 
-def v2_tree(root: Path, cgroups: list[str], overrides: dict[str, dict[str, str]] | None = None
-            ) -> Path:
+def v2_tree(root: Path, cgroups: list[str], overrides: dict[str, dict[str, str]] | None = None,
+            threads: dict[str, list[int]] | None = None) -> Path:
     """A v2 hierarchy at `root` with the given cgroups (and their parents) in it."""
     overrides = overrides or {}
+    threads = threads or {}
     root_only = ("cpu.idle", "cpu.weight", "cpu.max", "memory.high", "memory.max", "cpuset.cpus",
                  "cpuset.mems")  # the root cgroup has none of these
     _write(root, {k: v for k, v in V2_FILES.items() if k not in root_only})
@@ -66,6 +67,9 @@ def v2_tree(root: Path, cgroups: list[str], overrides: dict[str, dict[str, str]]
                 (directory / name).write_text(content + "\n" if content else "")
             _write(directory, {k: v for k, v in V2_FILES.items()
                                if k not in overrides.get(sub, {})})
+            if threads.get(sub):
+                (directory / "cgroup.threads").write_text(
+                    "".join(f"{t}\n" for t in threads[sub]))
     return root
 
 
