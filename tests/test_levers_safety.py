@@ -112,3 +112,21 @@ def test_no_lever_writes_an_ls_cgroup(inventory, v1, broken):
             restored = snapshot(root)
             assert {k: v.split() for k, v in restored.items()} == {
                 k: v.split() for k, v in before.items()}, f"{step.kind} undo: {undone.detail}"
+
+
+def test_the_class_is_checked_even_when_the_inventory_does_not_know_the_workload(tmp_path):
+    """The second line of defence on its own: an LS workload handed over as a target, and no
+    inventory entry that would make it protected."""
+    root = v2_tree(tmp_path / "cgroup", ["lab/x"], threads={"lab/x": [7]})
+    env = make_env(tmp_path, root, resctrl_tree(tmp_path / "resctrl"))
+
+    class Leaky(StepContext):
+        def be_workloads(self) -> list[dict[str, str]]:
+            return [{"cgroup": "/lab/x", "class": "LS", "level": "cgroup"}]
+
+    before = snapshot(root)
+    for step in _steps(env):
+        result = step.apply(Leaky("node-a", 0, False, "inc-1", "leak", list))
+        assert result.status == "skipped" and "is not BE" in result.detail, result.detail
+    assert snapshot(root) == before
+    assert not (tmp_path / "resctrl" / "sloguard-be").exists()
