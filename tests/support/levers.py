@@ -64,7 +64,7 @@ def wait_per_slice_us(pid: int, seconds: float) -> float:
     return (wait1 - wait0) / max(1, slices1 - slices0) / 1000
 
 
-def paired_waits(pid: int, on: Callable[[], None], off: Callable[[], None], pairs: int = 8,
+def paired_waits(pid: int, on: Callable[[], None], off: Callable[[], None], pairs: int = 10,
                  window: float = 0.3) -> tuple[list[float], list[float]]:
     """LS wait without and with the lever, alternating, so that the load other programs put on
     this machine hits both sides alike."""
