@@ -16,11 +16,12 @@ changed since is theirs, and is left alone (and reported).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import posixpath
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,7 +150,10 @@ def select_targets(ctx: StepContext, scope: str = "workload") -> tuple[list[Targ
         if parts is None or not parts:
             refused.append(f"{workload.get('cgroup', '?')}: not a plain cgroup path")
             continue
-        if scope == "parent" or (scope == "auto" and _be_qos_cgroup(parts[:-1])):
+        # auto: a QoS cgroup holding an LS pod (a besteffort pod labelled LS) is not written;
+        # the BE pods in it are, one by one
+        if scope == "parent" or (scope == "auto" and _be_qos_cgroup(parts[:-1])
+                                 and guard.refusal(parts[:-1]) is None):
             parts = parts[:-1]
         why = guard.refusal(parts)
         if why:
@@ -234,6 +238,16 @@ class Changes:
     def ours(self, path: Path, current: str | None) -> bool:
         """Whether `path` holds a value an earlier apply of this lever kind wrote."""
         return any(norm(r["wrote"]) == norm(current) for r in self._earlier.get(str(path), []))
+
+    @contextlib.contextmanager
+    def each(self, target: Target) -> Iterator[None]:
+        """One target's writes: an error there (an unreadable file, a value the kernel prints
+        in an unexpected form) fails that target, not the step, so that what was already
+        written for the others stays recorded for undo."""
+        try:
+            yield
+        except (OSError, ValueError) as exc:
+            self.failures.append(f"{target.name}: {exc.__class__.__name__}: {exc}")
 
     # -- writing ---------------------------------------------------------------------------
 

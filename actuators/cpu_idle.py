@@ -24,6 +24,7 @@ from sloguard.actuators.cgroupfs import (
     SCOPES,
     Cgroups,
     Changes,
+    Target,
     cgroups_unavailable,
     select_targets,
     undo_writes,
@@ -61,30 +62,33 @@ class CpuIdle:
         targets, refused = select_targets(ctx, self.scope)
         changes = Changes(ctx, self.env, self.kind, self.params)
         for target in targets:
-            located = cgroups.controller_dir("cpu", target.parts)
-            if located is None:
-                changes.fail(f"{target.name}: no cpu controller")
-                continue
-            directory, version = located
-            weight_file, weight = ("cpu.shares", "2") if version == "v1" else ("cpu.weight", "1")
-            if self.mode in ("auto", "idle"):
-                outcome = changes.set(target, target.parts, directory / "cpu.idle", "1",
-                                      also=[directory / weight_file])
-                if outcome in ("written", "kept", "gone", "refused"):
-                    continue
-                why = "absent (kernel < 5.15, or no cpu controller here)" if \
-                    outcome == "absent" else outcome
-                if self.mode == "idle":
-                    changes.fail(f"{target.name}: cpu.idle {why}")
-                    continue
-                changes.note(f"{target.name}: cpu.idle {why}: minimum weight instead")
-            outcome = changes.set(target, target.parts, directory / weight_file, weight)
-            if outcome == "absent":
-                changes.fail(f"{target.name}: no {weight_file} (cpu controller not enabled "
-                             "for it)")
-            elif outcome.startswith("error"):
-                changes.fail(f"{target.name}: {weight_file} = {weight}: {outcome}")
+            with changes.each(target):
+                self._one(changes, cgroups, target)
         return changes.result(self.target(ctx), WHAT, refused)
+
+    def _one(self, changes: Changes, cgroups: Cgroups, target: Target) -> None:
+        located = cgroups.controller_dir("cpu", target.parts)
+        if located is None:
+            changes.fail(f"{target.name}: no cpu controller")
+            return
+        directory, version = located
+        weight_file, weight = ("cpu.shares", "2") if version == "v1" else ("cpu.weight", "1")
+        if self.mode in ("auto", "idle"):
+            outcome = changes.set(target, target.parts, directory / "cpu.idle", "1",
+                                  also=[directory / weight_file])
+            if outcome in ("written", "kept", "gone", "refused"):
+                return
+            why = "absent (kernel < 5.15, or no cpu controller here)" if \
+                outcome == "absent" else outcome
+            if self.mode == "idle":
+                changes.fail(f"{target.name}: cpu.idle {why}")
+                return
+            changes.note(f"{target.name}: cpu.idle {why}: minimum weight instead")
+        outcome = changes.set(target, target.parts, directory / weight_file, weight)
+        if outcome == "absent":
+            changes.fail(f"{target.name}: no {weight_file} (cpu controller not enabled for it)")
+        elif outcome.startswith("error"):
+            changes.fail(f"{target.name}: {weight_file} = {weight}: {outcome}")
 
     def undo(self, ctx: StepContext, undo: dict[str, Any]) -> StepResult:
         return undo_writes(ctx, self.target(ctx), WHAT, undo.get("writes", []))

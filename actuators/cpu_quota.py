@@ -163,10 +163,11 @@ class CpuQuota:
                 changes.fail(f"{target.name}: no cpu controller")
                 continue
             directory, version = located
-            if version == "v1":
-                self._apply_v1(changes, target, directory, quota_us)
-            else:
-                self._apply_v2(changes, target, directory, quota_us)
+            with changes.each(target):
+                if version == "v1":
+                    self._apply_v1(changes, target, directory, quota_us)
+                else:
+                    self._apply_v2(changes, target, directory, quota_us)
         return changes.result(self.target(ctx), WHAT, refused, {
             "budget_cores": round(budget, 3), "non_be_cores": round(non_be, 3)})
 

@@ -181,12 +181,13 @@ class Cpuset:
                 changes.fail(f"{target.name}: no cpuset controller")
                 continue
             directory, version = located
-            if version == "v1":
-                elsewhere = cgroups.controller_dir("cpu", target.parts)
-                exists = elsewhere is not None and elsewhere[0].is_dir()
-                self._apply_v1(changes, target, directory, ls, exists)
-            else:
-                self._apply_v2(changes, target, directory, ls, enabled)
+            with changes.each(target):
+                if version == "v1":
+                    elsewhere = cgroups.controller_dir("cpu", target.parts)
+                    exists = elsewhere is not None and elsewhere[0].is_dir()
+                    self._apply_v1(changes, target, directory, ls, exists)
+                else:
+                    self._apply_v2(changes, target, directory, ls, enabled)
         return changes.result(self.target(ctx), WHAT, refused,
                               {"enabled": enabled, "ls_cpus": format_cpulist(ls)})
 

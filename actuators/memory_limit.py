@@ -88,14 +88,15 @@ class MemoryLimit:
                 changes.fail(f"{target.name}: no memory controller")
                 continue
             directory, version = located
-            if version == "v1":
-                name = "memory.limit_in_bytes" if self.v1 == "limit" else \
-                    "memory.soft_limit_in_bytes"
-                self._apply(changes, target, directory / "memory.usage_in_bytes",
-                            directory / name)
-            else:
-                self._apply(changes, target, directory / "memory.current",
-                            directory / "memory.high")
+            with changes.each(target):
+                if version == "v1":
+                    name = "memory.limit_in_bytes" if self.v1 == "limit" else \
+                        "memory.soft_limit_in_bytes"
+                    self._apply(changes, target, directory / "memory.usage_in_bytes",
+                                directory / name)
+                else:
+                    self._apply(changes, target, directory / "memory.current",
+                                directory / "memory.high")
         return changes.result(self.target(ctx), WHAT, refused)
 
     def _apply(self, changes: Changes, target: Target, usage_file: Path,

@@ -247,3 +247,28 @@ def test_every_lever_is_registered(tmp_path):
         factory.check(StepSpec(step=kind))  # the defaults are valid
         assert factory.type_of(kind).kind == kind
     assert isinstance(make_env(tmp_path).ledger, Ledger)
+
+
+def test_auto_scope_writes_be_pods_one_by_one_when_the_qos_cgroup_holds_an_ls_pod(tmp_path):
+    labelled_ls = f"{BE_QOS}/kubepods-besteffort-pod5a1e0c2d_9b8f_4e7a_8c6d_3f2e1d0c9b8a.slice"
+    tree = v2_tree(tmp_path / "cgroup", [BE_POD, labelled_ls])
+    inventory = [workload(BE_POD, "BE", level="pod"), workload(labelled_ls, "LS", level="pod")]
+    result = CpuIdle({}, make_env(tmp_path, tree)).apply(context(inventory))
+    assert result.status == DONE, result.detail
+    assert _read(tree / BE_QOS / "cpu.idle") == "0"
+    assert _read(tree / BE_POD / "cpu.idle") == "1"
+    assert _read(tree / labelled_ls / "cpu.idle") == "0"
+
+
+def test_an_error_on_one_cgroup_keeps_what_was_done_for_the_others(tmp_path):
+    tree = v1_tree(tmp_path / "cgroup", ["good/be", "bad/be"])
+    (tree / "cpuset" / "bad" / "cpuset.cpus").write_text("garbage\n")
+    inventory = [workload("good/be", "BE"), workload("bad/be", "BE")]
+    step = Cpuset({"ls_cpus": [0]}, make_env(tmp_path, tree))
+    result = step.apply(context(inventory))
+    assert result.status == DONE, result.detail
+    assert "/bad/be: ValueError" in result.detail
+    assert [r["cgroup"] for r in result.undo["writes"]] == ["/good/be"]
+    assert _read(tree / "cpuset" / "good/be" / "cpuset.cpus") == "1-3"
+    assert step.undo(context(inventory), result.undo).status == DONE
+    assert _read(tree / "cpuset" / "good/be" / "cpuset.cpus") == "0-3"
