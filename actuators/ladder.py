@@ -166,6 +166,14 @@ class Ladder:
             # a restart, say): not a recovery. Hold every lever where it is.
             return
         hold = policy.spec.undo_hold if policy is not None else 30.0
+        rows = list(rows)
+        while rows and rows[-1].status in (FAILED, SKIPPED):
+            # never changed anything: dropped at once, without costing a hold
+            self.ledger.remove(rows[-1].policy, rows[-1].rung)
+            rows.pop()
+        if not rows:
+            self.ledger.end_episode(name)
+            return
         row = rows[-1]
         done = self._undo(row, now_ns, f"no incident under policy {name} fires any more")
         if done and len(rows) == 1:

@@ -585,6 +585,121 @@ def test_shadow_mode_keeps_to_the_budget_as_if_it_had_evicted(world: World, tmp_
     assert world.evicted() == set()
 
 
+# -- one incident up the whole ladder and back down ---------------------------------------------
+
+SCENARIO_POLICY = """\
+policies:
+  - name: guard
+    undo_hold: 1s
+    stale_after: 30s
+    steps:
+      - step: notify
+      - step: cordon
+        after: 1s
+      - step: reduce_capacity
+        after: 1s
+        params: {percent: 50}
+      - step: suppress
+        after: 1s
+        levers:
+          - step: cpu_idle
+          - step: cpuset
+            params: {ls_cpus: [0]}
+      - step: resctrl
+        after: 1s
+      - step: evict
+        after: 1s
+        params: {per_hour: 5, per_incident: 1}
+"""
+
+
+def test_one_incident_walks_up_the_whole_ladder_and_back_down(world: World, real_cgroups,
+                                                               tmp_path):
+    """The real steps in the shipped order, driven by the real ladder: at every rung the node,
+    the pods, the cgroups and the audit log are checked, then again on the way down."""
+    real_cgroups.use_cpuset()
+    be_cg, ls_cg = real_cgroups.create("be"), real_cgroups.create("ls")
+    hog = real_cgroups.spawn(be_cg)
+    real_cgroups.spawn(ls_cg, "import time\ntime.sleep(120)")
+    inventory = [{"cgroup": "/" + be_cg, "class": "BE", "level": "cgroup"},
+                 {"cgroup": "/" + ls_cg, "class": "LS", "level": "cgroup"}]
+    world.pod("batch-a", label="BE", requests={"cpu": "1"})
+    world.pod("batch-b", label="BE", requests={"cpu": "2"})
+    world.pod("web", label="LS", qos="Guaranteed", requests={"cpu": "4", "memory": "1Gi"})
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(SCENARIO_POLICY)
+    incidents = IncidentStore(tmp_path / "incidents.db")
+    factory = StepFactory(world.env)
+    policies = PolicySet([str(tmp_path / "policies")], validate_step=factory.check)
+    assert policies.reload(), policies.errors
+    ladder = Ladder(world.node, policies, world.env.ledger, factory.make, incidents.save,
+                    incidents.get, inventory=lambda: [dict(w) for w in inventory],
+                    dry_run=False, open_incidents=incidents.open_incidents)
+    start = time.time_ns()
+    incident = Incident("inc-scenario", "f", "LSLatency", "ls", "critical", world.node, FIRING,
+                        {"pod": "web"}, start, start, fired_ns=start, policy="guard",
+                        labels={"resource": "cpu"})
+    incidents.save(incident)
+    cpu_root = next(r for r in real_cgroups.hierarchies() if (r / "cpu.shares").exists())
+    cpuset_root = next(r for r in real_cgroups.hierarchies() if (r / "cpuset.cpus").exists())
+
+    def tick(second: int, firing: bool = True) -> None:
+        now = start + second * S
+        if firing:
+            incident.add_evidence(Evidence(now, 30.0, 10.0, "crossed"))
+        elif incident.state == FIRING:
+            incident.state = "resolved"
+            incidents.save(incident)
+        ladder.tick(now, [incident] if firing else [])
+
+    def last_audit() -> tuple[str, str, str]:
+        entry = world.env.ledger.audit_log(limit=1)[0]
+        return entry.action, entry.kind, entry.status
+
+    tick(0)
+    assert last_audit() == ("apply", "notify", SKIPPED)  # no notifier: says so, goes on
+    tick(1)
+    assert last_audit() == ("apply", "cordon", DONE)
+    assert world.read_node().spec.unschedulable is True
+    tick(2)
+    assert last_audit() == ("apply", "reduce_capacity", DONE)
+    assert parse(world.status("allocatable")[CPU]) == parse("3750")
+    tick(3)
+    assert last_audit() == ("apply", "cpu_idle", DONE)
+    assert (cpu_root / be_cg / "cpu.idle").read_text().strip() == "1"
+    assert (cpu_root / ls_cg / "cpu.idle").read_text().strip() == "0"  # never LS
+    tick(4)
+    assert last_audit() == ("apply", "cpuset", DONE)
+    assert (cpuset_root / be_cg / "cpuset.cpus").read_text().strip() == "1"
+    tick(5)
+    assert last_audit()[1:] == ("resctrl", SKIPPED)  # not on this machine: skipped, not faked
+    tick(6)
+    assert last_audit() == ("apply", "evict", DONE)
+    assert world.evicted() == {"batch-b"}  # the larger BE pod; web (LS) is never a candidate
+    tick(7)  # nothing above evict: the ladder holds (no repeat configured)
+    assert [e.kind for e in world.env.ledger.audit_log(limit=20)].count("evict") == 1
+
+    for second in range(8, 16):  # recovered: one rung undone per undo_hold (1 s)
+        tick(second, firing=False)
+    undone = [(e.kind, e.status) for e in reversed(world.env.ledger.audit_log(limit=20))
+              if e.action == "undo"]
+    # the rungs that changed something, in reverse (skipped ones are dropped without a hold)
+    assert [k for k, _ in undone] == ["evict", "cpuset", "cpu_idle", "reduce_capacity", "cordon"]
+    assert world.env.ledger.rungs() == []
+    assert (cpu_root / be_cg / "cpu.idle").read_text().strip() == "0"
+    assert (cpuset_root / be_cg / "cpuset.cpus").read_text().strip() == (
+        cpuset_root / be_cg).parent.joinpath("cpuset.cpus").read_text().strip()
+    assert parse(world.status("allocatable")[CPU]) == parse("7500")
+    assert not world.read_node().spec.unschedulable
+    assert hog.poll() is None  # BE was slowed, moved and restored, never killed
+    stored = incidents.get("inc-scenario")
+    assert stored.annotations["lever_that_worked"] == "cpuset"
+    steps = [a.step for a in stored.actions]
+    assert steps[:7] == ["notify", "cordon", "reduce_capacity", "cpu_idle", "cpuset",
+                         "resctrl", "evict"]
+    assert steps[-1] == "undo cordon"
+
+
 # -- the pod lister, the manifests, and RBAC both ways -------------------------------------------
 
 def test_the_pod_lister_works_with_the_shipped_rbac(world: World):
