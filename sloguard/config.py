@@ -16,13 +16,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -134,6 +138,182 @@ class ActuatorsConfig(_Section):
         description="escalation policy files or directories of *.yaml")
 
 
+# -- secrets --------------------------------------------------------------------------------
+# A secret setting NAME may be given as NAME (inline; masked by `config show`, never echoed in
+# errors), NAME_file (a path, e.g. a mounted Kubernetes Secret, read when it is needed, so a
+# rotated secret is picked up) or NAME_env (the environment variable holding it). Only one.
+SECRET_NAMES = frozenset({"webhook_url", "bot_token", "token"})
+
+
+class SecretUnavailable(Exception):
+    """The secret's file cannot be read or its variable is unset (the message has no secret)."""
+
+
+def secret_sources(section: Any, name: str) -> list[str]:
+    """The ways `name` is given on `section` (a model or its raw dict)."""
+    get = section.get if isinstance(section, dict) else lambda key: getattr(section, key, None)
+    return [key for key in (name, f"{name}_file", f"{name}_env") if get(key)]
+
+
+def read_secret(section: Any, name: str) -> str | None:
+    """The secret `name` of a config section, or None when it is not configured."""
+    value = getattr(section, name, None)
+    if value is not None:
+        return value.get_secret_value()
+    path = getattr(section, f"{name}_file", None)
+    if path:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError as exc:
+            raise SecretUnavailable(f"{name}_file {path}: {exc.strerror}") from None
+        if not text:
+            raise SecretUnavailable(f"{name}_file {path} is empty")
+        return text
+    variable = getattr(section, f"{name}_env", None)
+    if variable:
+        text = os.environ.get(variable, "").strip()
+        if not text:
+            raise SecretUnavailable(f"{name}_env: the variable {variable} is not set")
+        return text
+    return None
+
+
+def _mentions_secret(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(key in SECRET_NAMES or _mentions_secret(v) for key, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_mentions_secret(v) for v in value)
+    return False
+
+
+# -- UI and alerting ------------------------------------------------------------------------
+
+
+class UiConfig(_Section):
+    external_url: str | None = Field(
+        None, description="the UI's address as Slack readers reach it (links in messages); "
+                          "default http://<listen>")
+    token: SecretStr | None = Field(None, description="bearer token required for changes")
+    token_file: str | None = None
+    token_env: str | None = None
+
+    @model_validator(mode="after")
+    def _one_token(self) -> UiConfig:
+        if len(secret_sources(self, "token")) > 1:
+            raise ValueError("give only one of token, token_file, token_env")
+        return self
+
+
+def _matchers(items: list[str]) -> list[str]:
+    from sloguard.selectors import parse_matchers
+
+    for item in items:
+        parse_matchers([item])
+    return items
+
+
+Matchers = Annotated[list[str], AfterValidator(_matchers)]
+
+
+class SlackConfig(_Section):
+    """One Slack destination: an incoming webhook, or a bot token and a channel (Web API:
+    one message per alert group, updated in place, with the timeline in its thread)."""
+
+    webhook_url: SecretStr | None = None
+    webhook_url_file: str | None = None
+    webhook_url_env: str | None = None
+    bot_token: SecretStr | None = None
+    bot_token_file: str | None = None
+    bot_token_env: str | None = None
+    channel: str | None = Field(None, description="bot token only: channel ID (best) or #name")
+    api_url: str = Field("https://slack.com/api/", description="Web API base URL")
+    send_resolved: bool = True
+    timeout: Duration = Field(10.0, gt=0, description="one HTTP request")
+    min_interval: Duration = Field(1.0, description="rate limit: least time between messages")
+
+    @model_validator(mode="after")
+    def _one_destination(self) -> SlackConfig:
+        webhook, bot = secret_sources(self, "webhook_url"), secret_sources(self, "bot_token")
+        if len(webhook) + len(bot) != 1:
+            raise ValueError("give exactly one of webhook_url, webhook_url_file, webhook_url_env"
+                             ", bot_token, bot_token_file, bot_token_env")
+        if bot and not self.channel:
+            raise ValueError("a bot token needs `channel` (its ID, e.g. C0123ABCD, or #name)")
+        if webhook and self.channel:
+            raise ValueError("an incoming webhook posts to the channel it was created for: "
+                             "remove `channel`, or use a bot token")
+        return self
+
+
+class ReceiverConfig(_Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    slack: SlackConfig | None = Field(None, description="none: notifications are dropped")
+
+
+class RouteConfig(_Section):
+    """Alertmanager's route: children inherit what they do not set."""
+
+    receiver: str | None = None
+    matchers: Matchers = Field(default_factory=list)
+    continue_: bool = Field(False, alias="continue")
+    group_by: list[str] | None = Field(None, description="['...']: every label")
+    group_wait: Duration | None = None
+    group_interval: Duration | None = Field(None, gt=0)
+    repeat_interval: Duration | None = Field(None, gt=0)
+    routes: list[RouteConfig] = Field(default_factory=list)
+
+
+class InhibitRuleConfig(_Section):
+    source_matchers: Matchers
+    target_matchers: Matchers
+    equal: list[str] = Field(default_factory=list)
+
+
+class AlertingConfig(_Section):
+    receivers: list[ReceiverConfig] = Field(default_factory=list)
+    route: RouteConfig | None = None
+    inhibit_rules: list[InhibitRuleConfig] = Field(default_factory=list)
+    send_in_dry_run: bool = Field(
+        True, description="the notify rung notifies in dry-run too (a message changes nothing "
+                          "on the node; readers see what would be done)")
+
+    @field_validator("receivers")
+    @classmethod
+    def _unique(cls, receivers: list[ReceiverConfig]) -> list[ReceiverConfig]:
+        names = [r.name for r in receivers]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"receiver names must be unique: {', '.join(duplicates)}")
+        return receivers
+
+    @field_validator("route")
+    @classmethod
+    def _route(cls, route: RouteConfig | None, info: ValidationInfo) -> RouteConfig | None:
+        if route is None:
+            return route
+        if not route.receiver:
+            raise ValueError("the top-level route needs a `receiver`")
+        if route.matchers:
+            raise ValueError("the top-level route matches every alert: no `matchers`")
+        names = [r.name for r in info.data.get("receivers") or []]
+
+        def check(node: RouteConfig, where: str) -> None:
+            if node.receiver and node.receiver not in names:
+                raise ValueError(f"{where}receiver: no receiver named {node.receiver!r} "
+                                 f"(receivers: {', '.join(names) or 'none'})")
+            for index, child in enumerate(node.routes):
+                check(child, f"{where}routes.{index}.")
+
+        check(route, "")
+        return route
+
+    @model_validator(mode="after")
+    def _routed(self) -> AlertingConfig:
+        if self.receivers and self.route is None:
+            raise ValueError("receivers need a `route` (at least `route: {receiver: NAME}`)")
+        return self
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED, extra="forbid"
@@ -150,6 +330,8 @@ class Settings(BaseSettings):
     rules: RulesConfig = Field(default_factory=RulesConfig)
     detectors: DetectorsConfig = Field(default_factory=DetectorsConfig)
     actuators: ActuatorsConfig = Field(default_factory=ActuatorsConfig)
+    ui: UiConfig = Field(default_factory=UiConfig)
+    alerting: AlertingConfig = Field(default_factory=AlertingConfig)
 
     @field_validator("listen")
     @classmethod
@@ -299,6 +481,8 @@ def _describe(exc: ValidationError, loaded: LoadedSettings) -> str:
             where = str(loaded.file)
         message = error["msg"].removeprefix("Value error, ")
         given = error.get("input")
+        if SECRET_NAMES & set(path) or _mentions_secret(given) or isinstance(given, dict):
+            given = None  # never echo a secret back (nor a whole section)
         if error["type"] == "extra_forbidden":
             message = "unknown setting (check the spelling; `sloguard config show` lists them)"
         elif given is not None and error["type"] != "missing" and repr(given) not in message:
