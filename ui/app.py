@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import FastAPI, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -137,6 +137,20 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
             "levers": {kind: {"tried": tried, "worked": worked}
                        for kind, (tried, worked) in agent.ledger.lever_stats().items()},
         }
+
+    from sloguard.config import read_secret
+    from sloguard.ui.guard import ChangeGuard
+    from sloguard.ui.silences import silences_router
+
+    app.include_router(silences_router(agent, ChangeGuard(
+        lambda: read_secret(agent.settings.ui, "token"))))
+
+    @app.get("/incidents/{incident_id}", include_in_schema=False)
+    def incident_page(incident_id: str) -> Response:
+        """The link Slack messages carry; the incident page itself comes with issue #9."""
+        from urllib.parse import quote
+
+        return RedirectResponse(f"/api/incidents/{quote(incident_id, safe='')}", 307)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def index(request: Request, state: str | None = None) -> Response:
