@@ -72,7 +72,7 @@ class Renderer:
             blocks.append(_section("*What changed*\n" + "\n".join(lines)))
         if flush.reason == REPEAT:
             blocks.append(_section(f"Still firing, last notified "
-                                   f"{format_duration(_age(flush.group.notified_ns, now_ns))} "
+                                   f"{format_duration(_age(flush.previous_ns, now_ns))} "
                                    f"ago (repeat_interval)"))
         shown = [*firing, *resolved]
         for alert in shown[:MAX_DETAILED]:
@@ -162,7 +162,7 @@ class Renderer:
     def timeline(self, flush: Flush, now_ns: int) -> dict[str, Any]:
         if flush.reason == REPEAT:
             text = (f":alarm_clock: Still firing: {len(flush.firing)} alert(s), last notified "
-                    f"{format_duration(_age(flush.group.notified_ns, now_ns))} ago")
+                    f"{format_duration(_age(flush.previous_ns, now_ns))} ago")
         elif flush.reason == RESOLVED and not flush.firing:
             text = f"{RESOLVED_ICON} All resolved at {when(now_ns)}"
         else:

@@ -76,6 +76,7 @@ class Flush:
     resolved: list[Alert]  # resolved since the last notification, which told they fired
     muted: int  # firing alerts hidden by silences or inhibition
     changes: list[Change]
+    previous_ns: int = 0  # when the receiver was last notified before this flush
 
 
 def group_key(route: Route, labels: dict[str, str]) -> str:
@@ -134,7 +135,7 @@ class Dispatcher:
         flush = None
         if reason is not None:
             flush = Flush(reason, group, firing, resolved, hidden,
-                          _changes(told, firing, resolved))
+                          _changes(told, firing, resolved), group.notified_ns)
             group.notified = {a.key: {"digest": digest(a.incident),
                                       "news": len(news(a.incident))} for a in firing}
             group.notified_ns = now_ns

@@ -116,6 +116,11 @@ class Outbox:
                         "first_attempt_ns = ? WHERE id = ?", (SENDING, first, entry.id))
         entry.state, entry.attempts, entry.first_attempt_ns = SENDING, entry.attempts + 1, first
 
+    def attempted(self, entry: Entry) -> None:
+        """Count an attempt that sent nothing (a check for an earlier one): backoff grows."""
+        self.db.execute("UPDATE outbox SET attempts = attempts + 1 WHERE id = ?", (entry.id,))
+        entry.attempts += 1
+
     def done(self, entry: Entry, now_ns: int, channel: str = "", ts: str = "",
              new_thread: bool = False) -> None:
         """Sent: recorded with the message's ts (and the thread it starts) in one commit."""

@@ -217,6 +217,7 @@ class SlackSender:
             kind = POST  # the group's message was never posted (refused): this one starts it
         payload = entry.payload
         if kind != UPDATE and unknown_before:
+            self.outbox.attempted(entry)
             try:
                 found = self._find_prior(client, entry, kind, thread)
             except _TryLater as exc:
@@ -358,7 +359,7 @@ class SlackSender:
         error = self._redact(error)
         self.outbox.retry(entry, time.time_ns() + int(delay * 1e9), error, unknown)
         self.on_result(entry.kind, "retry")
-        self._set_problem(f"{error} (retrying in {delay:.0f}s)")
+        self._set_problem(f"{error} (retrying in {delay:.1f}s)")
 
     def _receiver_problem(self, entry: Entry, error: str, unknown: bool) -> None:
         error = self._redact(error)
