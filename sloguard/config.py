@@ -295,7 +295,9 @@ class AlertingConfig(_Section):
             raise ValueError("the top-level route needs a `receiver`")
         if route.matchers:
             raise ValueError("the top-level route matches every alert: no `matchers`")
-        names = [r.name for r in info.data.get("receivers") or []]
+        if "receivers" not in info.data:
+            return route  # the receivers are invalid: that error is the one to read
+        names = [r.name for r in info.data["receivers"]]
 
         def check(node: RouteConfig, where: str) -> None:
             if node.receiver and node.receiver not in names:

@@ -69,7 +69,7 @@ class ChangeGuard:
         try:
             loopback = ipaddress.ip_address(host).is_loopback
         except ValueError:
-            loopback = host in ("localhost", "testclient")
+            loopback = host == "localhost"
         if not loopback:
             raise HTTPException(403, "changes from other hosts need a token: set ui.token "
                                      "(or ui.token_file) on the agent")

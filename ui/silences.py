@@ -19,6 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, Field
 
+from sloguard.actuators.alerting.silences import SILENCE_STATES
 from sloguard.ui.guard import ChangeGuard
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
@@ -73,7 +74,6 @@ def create_silence(store: Any, body: SilenceIn) -> Any:
 
 def silences_router(agent: Any, guard: ChangeGuard) -> APIRouter:
     router = APIRouter()
-    from sloguard.actuators.alerting.silences import SILENCE_STATES
 
     @router.get("/api/silences", tags=["silences"])
     def list_silences(
