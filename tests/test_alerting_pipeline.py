@@ -321,7 +321,8 @@ def test_message_content_evidence_actions_plan_link_and_escaping(slack, pipeline
     assert "<https://sloguard.example/incidents/inc-001|Open incident inc-001>" in section
     assert "&lt;!channel&gt; web&amp;&lt;b&gt;" in section and "<!channel>" not in section
     context = post.blocks[-1]["elements"][0]["text"]
-    assert "sloguard silence add alertname=LSCpuStall node=worker-7" in context
+    assert "`sloguard silence add alertname=LSCpuStall node=worker-7 --duration 2h -m '…'`" \
+        in context
     assert post.blocks[0]["type"] == "header" and len(post.blocks) <= 50
 
 
@@ -361,3 +362,23 @@ def test_group_state_survives_a_restart(slack, tmp_path):
     finally:
         second.stop()
         second.db.close()
+
+
+def test_housekeeping_forgets_what_is_over(slack, pipelines):
+    incidents = Incidents()
+    alerting = pipelines(alerting_config([bot_receiver(slack)]), incidents,
+                         policy_known=lambda name: True)
+    item = incidents.add(incident(1, policy="p"))
+    alerting.notify(item.id, T0)
+    run(alerting, incidents, T0, T0 + 10 * S)
+    resolve(item, T0 + 20 * S)
+    run(alerting, incidents, T0 + 20 * S, T0 + 80 * S, 5 * S)
+    drained(alerting)
+    silence = alerting.silences.add(["pod=x"], T0 + 100 * S, "a", "b", now_ns=T0)
+    rows = alerting.db.rows
+    assert rows("SELECT COUNT(*) FROM outbox")[0][0] == 3 and rows("SELECT * FROM threads")
+    alerting._next_gc = 0  # due now; a month later
+    alerting.tick(T0 + 30 * 86400 * S, incidents.firing())
+    assert rows("SELECT COUNT(*) FROM outbox")[0][0] == 0
+    assert rows("SELECT * FROM threads") == [] and rows("SELECT * FROM handed") == []
+    assert alerting.handed == set() and alerting.silences.get(silence.id) is None

@@ -154,7 +154,7 @@ class Renderer:
             nodes = sorted({a.incident.node for a in flush.firing})
             if len(names) == 1 and len(nodes) == 1:
                 parts.append(f"silence: `sloguard silence add alertname={escape(names[0])} "
-                             f"node={escape(nodes[0])} --duration 2h -c '…'`")
+                             f"node={escape(nodes[0])} --duration 2h -m '…'`")
         return " · ".join(parts)
 
     # -- the timeline in the message's thread ---------------------------------------------------
