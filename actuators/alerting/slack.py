@@ -187,12 +187,13 @@ class SlackSender:
         if unknown_before:
             self.on_result(WEBHOOK, "possibly_repeated")
         self.outbox.sending(entry, time.time_ns())
-        self._sent_now()
         try:
             response = client.send_dict(payload)
         except Exception as exc:
             self._transient(entry, self._describe(exc), unknown_before or not _never_sent(exc))
             return
+        finally:
+            self._sent_now()
         status, body = response.status_code, str(response.body or "").strip()
         if status == 200:
             self._delivered(entry)
@@ -238,7 +239,6 @@ class SlackSender:
                 self._ok()
                 return
         self.outbox.sending(entry, time.time_ns())
-        self._sent_now()
         try:
             if kind == UPDATE:
                 assert thread is not None
@@ -262,6 +262,8 @@ class SlackSender:
             unknown = unknown_before or (kind != UPDATE and not _never_sent(exc))
             self._transient(entry, self._describe(exc), unknown)
             return
+        finally:
+            self._sent_now()
         channel = str(response.get("channel") or (thread[0] if thread else ""))
         self.outbox.done(entry, time.time_ns(), channel, str(response.get("ts") or ""),
                          new_thread=kind == POST)
@@ -391,6 +393,7 @@ class SlackSender:
         return min(high, low * 2 ** max(0, attempts - 1)) * random.uniform(0.8, 1.2)
 
     def _sent_now(self) -> None:
+        """The rate limit counts from the end of a request: Slack sees at least that gap."""
         self._next_send = time.monotonic() + self.config.min_interval
 
     # -- the client and its secret -----------------------------------------------------------
