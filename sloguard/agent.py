@@ -88,6 +88,8 @@ class Agent:
                 rule, result).inc(),
         )
         self._calls: queue.SimpleQueue[tuple[Any, Future]] = queue.SimpleQueue()
+        self.alerting = self._build_alerting(data_dir)
+        self.silences = self.alerting.silences
         self._buffer: deque[Sample] = deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -144,6 +146,22 @@ class Agent:
             open_incidents=self.incidents.open_incidents,
         )
 
+    def _build_alerting(self, data_dir: Any) -> Any:
+        """Silences always (the API and CLI manage them); Slack when receivers are configured,
+        and then the ladder's notify rung hands incidents to it (actuators/alerting/)."""
+        from sloguard.actuators.alerting.db import AlertDB
+        from sloguard.actuators.alerting.pipeline import Alerting, ladder_plan
+
+        settings = self.settings
+        alerting = Alerting(
+            settings.alerting, AlertDB(data_dir / "alerting.db"), self.incidents, self.node,
+            settings.ui.external_url or f"http://{settings.listen}",
+            policy_known=lambda name: self.policies.get(name) is not None,
+            planned=ladder_plan(self.policies, self.ledger), registry=self.registry)
+        if alerting.enabled:
+            self.actuator_env.notifier = alerting
+        return alerting
+
     def _start_kubernetes(self) -> None:
         from sloguard.collectors.kube_pods import PodMetadataCache, load_api_client
 
@@ -164,6 +182,7 @@ class Agent:
             self.pods.start()
         self._thread = threading.Thread(target=self._loop, name="agent-loop", daemon=True)
         self._thread.start()
+        self.alerting.start()
         log.info("agent started on node %s, tick %.3gs", self.node, self.settings.interval)
 
     def stop(self) -> None:
@@ -179,9 +198,11 @@ class Agent:
         if self._buffer:
             log.error("exiting with %d samples unwritten: %s", len(self._buffer),
                       self._store_error)
+        self.alerting.stop()  # what is not yet delivered stays in the outbox for the next run
         self.store.close()
         self.incidents.close()
         self.ledger.close()
+        self.alerting.db.close()
         log.info("agent stopped")
 
     def _loop(self) -> None:
@@ -260,6 +281,11 @@ class Agent:
             self.ladder.tick(now_ns, self.engine.firing())
         except Exception:  # recorded per step; this is the ladder's own bug, never the loop's
             log.exception("escalation ladder failed")
+        if self.alerting.enabled:
+            try:  # decides and enqueues only; Slack is spoken to by the senders' threads
+                self.alerting.tick(now_ns, self.engine.firing())
+            except Exception:
+                log.exception("alerting failed")
         if mono >= self._next_maintain:
             self._next_maintain = mono + MAINTAIN_S
             try:
@@ -394,6 +420,8 @@ class Agent:
                      "in_force": [f"{r.policy}#{r.rung + 1} {r.kind} ({r.status})"
                                   for r in self.ledger.rungs()]},
         ))
+        if self.alerting.enabled:
+            out.append(self.alerting.status())
         return out
 
     def ready(self) -> bool:

@@ -27,6 +27,9 @@ policies_app = typer.Typer(help="Work with escalation policy files.", no_args_is
 app.add_typer(policies_app, name="policies")
 score_app = typer.Typer(help="Score detectors on public benchmarks.", no_args_is_help=True)
 app.add_typer(score_app, name="score")
+silence_app = typer.Typer(help="Mute alerts: add, list and expire silences (through the "
+                               "agent's API, like amtool).", no_args_is_help=True)
+app.add_typer(silence_app, name="silence")
 
 ConfigOpt = Annotated[
     Path | None,
@@ -410,6 +413,133 @@ def score_tcpd(
     typer.echo("| detector | F1 | cover |\n|---|---|---|")
     typer.echo(f"| no change points | {result.baseline_f1:.3f} | {result.baseline_cover:.3f} |")
     typer.echo(f"| changepoint ({method}) | {result.f1:.3f} | {result.cover:.3f} |")
+
+
+# -- silences: the CLI talks to the agent's API (as amtool does to Alertmanager's), so the
+# agent validates, the change is applied at its next tick, and the UI token guards it.
+
+UrlOpt = Annotated[str | None, typer.Option(
+    "--url", help="the agent's UI/API [http://<listen> from the config]")]
+
+
+def _api(config: Path | None, url: str | None, method: str, path: str,
+         body: Any = None) -> Any:
+    import urllib.error
+    import urllib.request
+
+    from sloguard.config import SecretUnavailable, read_secret
+
+    settings = _load(config, None, None).settings
+    if url is None:
+        host, port = settings.listen_host_port
+        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    headers = {"Accept": "application/json"}
+    try:
+        token = read_secret(settings.ui, "token")
+    except SecretUnavailable as exc:
+        typer.echo(f"sloguard: the UI token cannot be read: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url.rstrip("/") + path, data=data, headers=headers,
+                                     method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.loads(exc.read()).get("detail")
+        except ValueError:
+            detail = exc.reason
+        if isinstance(detail, list):  # FastAPI's validation errors
+            detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}"
+                               for d in detail)
+        typer.echo(f"sloguard: {method} {path}: HTTP {exc.code}: {detail}", err=True)
+        raise typer.Exit(1) from None
+    except (urllib.error.URLError, OSError) as exc:
+        typer.echo(f"sloguard: cannot reach the agent at {url}: "
+                   f"{getattr(exc, 'reason', exc)}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _iso(ns: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@silence_app.command("add")
+def silence_add(
+    matchers: Annotated[list[str], typer.Argument(
+        help='label matchers: alertname=LSCpuStall node="worker-7" pod=~"web-.*"')],
+    comment: Annotated[str, typer.Option("--comment", "-m", help="why (required)")],
+    duration: Annotated[str, typer.Option("--duration", "-d", help="e.g. 30m, 2h")] = "2h",
+    until: Annotated[str | None, typer.Option(
+        "--until", help="end time instead of --duration (ISO 8601 or epoch seconds)")] = None,
+    start: Annotated[str | None, typer.Option(
+        "--start", help="start later (ISO 8601 or epoch seconds)")] = None,
+    author: Annotated[str | None, typer.Option("--author", "-a", help="[$USER]")] = None,
+    config: ConfigOpt = None,
+    url: UrlOpt = None,
+) -> None:
+    """Create a silence; prints its id."""
+    import getpass
+
+    body: dict[str, Any] = {"matchers": matchers, "comment": comment,
+                            "created_by": author or getpass.getuser()}
+    try:
+        if start:
+            body["starts_at"] = _iso(_moment(start))
+        if until:
+            body["ends_at"] = _iso(_moment(until))
+        else:
+            body["duration"] = duration
+    except ValueError as exc:
+        typer.echo(f"sloguard: {exc}", err=True)
+        raise typer.Exit(2) from None
+    created = _api(config, url, "POST", "/api/silences", body)
+    typer.echo(created["id"])
+
+
+@silence_app.command("list")
+def silence_list(
+    state: Annotated[str | None, typer.Option(
+        help="active, pending or expired [active and pending]")] = None,
+    show_all: Annotated[bool, typer.Option("--all", help="expired ones too")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    config: ConfigOpt = None,
+    url: UrlOpt = None,
+) -> None:
+    """List silences, newest first."""
+    query = f"?state={state}" if state else ""
+    found = _api(config, url, "GET", f"/api/silences{query}")["silences"]
+    if not state and not show_all:
+        found = [s for s in found if s["state"] != "expired"]
+    if as_json:
+        typer.echo(json.dumps(found, indent=2))
+        return
+    for s in found:
+        typer.echo(f"{s['id']}  {s['state']:<7}  {_iso(s['starts_ns'])} .. {_iso(s['ends_ns'])}"
+                   f"  {' '.join(s['matchers'])}  by {s['created_by']}: {s['comment']}")
+
+
+@silence_app.command("expire")
+def silence_expire(
+    ids: Annotated[list[str], typer.Argument(help="silence ids")],
+    config: ConfigOpt = None,
+    url: UrlOpt = None,
+) -> None:
+    """End silences now (the alerts they muted notify at their group's next flush)."""
+    for silence_id in ids:
+        from urllib.parse import quote
+
+        _api(config, url, "DELETE", f"/api/silences/{quote(silence_id, safe='')}")
+        typer.echo(f"{silence_id} expired")
 
 
 @app.command()

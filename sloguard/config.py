@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -148,25 +150,196 @@ def _loopback(host: str) -> bool:
         return False
 
 
+# -- secrets --------------------------------------------------------------------------------
+# A secret setting NAME may be given as NAME (inline; masked by `config show`, never echoed in
+# errors), NAME_file (a path, e.g. a mounted Kubernetes Secret, read when it is needed, so a
+# rotated secret is picked up) or NAME_env (the environment variable holding it). Only one.
+SECRET_NAMES = frozenset({"webhook_url", "bot_token", "token"})
+
+
+class SecretUnavailable(Exception):
+    """The secret's file cannot be read or its variable is unset (the message has no secret)."""
+
+
+def secret_sources(section: Any, name: str) -> list[str]:
+    """The ways `name` is given on `section` (a model or its raw dict)."""
+    get = section.get if isinstance(section, dict) else lambda key: getattr(section, key, None)
+    return [key for key in (name, f"{name}_file", f"{name}_env") if get(key)]
+
+
+def read_secret(section: Any, name: str) -> str | None:
+    """The secret `name` of a config section, or None when it is not configured."""
+    value = getattr(section, name, None)
+    if value is not None:
+        return value.get_secret_value()
+    path = getattr(section, f"{name}_file", None)
+    if path:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError as exc:
+            raise SecretUnavailable(f"{name}_file {path}: {exc.strerror}") from None
+        if not text:
+            raise SecretUnavailable(f"{name}_file {path} is empty")
+        return text
+    variable = getattr(section, f"{name}_env", None)
+    if variable:
+        text = os.environ.get(variable, "").strip()
+        if not text:
+            raise SecretUnavailable(f"{name}_env: the variable {variable} is not set")
+        return text
+    return None
+
+
+def _mentions_secret(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(key in SECRET_NAMES or _mentions_secret(v) for key, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_mentions_secret(v) for v in value)
+    return False
+
+
+# -- UI and alerting ------------------------------------------------------------------------
+
+
 class UiConfig(_Section):
+    external_url: str | None = Field(
+        None, description="the UI's address as Slack readers reach it (links in messages); "
+                          "default http://<listen>")
     token: SecretStr | None = Field(
         None, description="bearer token for changes (and for reading when not on loopback); "
-                          "prefer token_file or SLOGUARD_UI__TOKEN")
-    token_file: Path | None = Field(None, description="file holding the token (a Secret)")
+                          "prefer token_file (a mounted Secret) or token_env")
+    token_file: str | None = None
+    token_env: str | None = None
     session_hours: float = Field(12.0, gt=0, description="how long a browser login lasts")
 
+    @model_validator(mode="after")
+    def _one_token(self) -> UiConfig:
+        if len(secret_sources(self, "token")) > 1:
+            raise ValueError("give only one of token, token_file, token_env")
+        return self
+
     def resolved_token(self) -> str | None:
-        """The token from `token`, else from `token_file` (read when asked, so a rotated
-        Secret is picked up); None when neither is set."""
-        if self.token is not None and self.token.get_secret_value():
-            return self.token.get_secret_value()
-        if self.token_file is not None:
-            try:
-                text = self.token_file.read_text().strip()
-            except OSError:
-                return None
-            return text or None
-        return None
+        """The token, read when asked (a rotated Secret is picked up); None when none is
+        configured or it cannot be read (changes are then refused, with the reason logged)."""
+        try:
+            return read_secret(self, "token")
+        except SecretUnavailable as exc:
+            import logging
+
+            logging.getLogger(__name__).error("ui token unavailable: %s", exc)
+            return None
+
+
+def _matchers(items: list[str]) -> list[str]:
+    from sloguard.selectors import parse_matchers
+
+    for item in items:
+        parse_matchers([item])
+    return items
+
+
+Matchers = Annotated[list[str], AfterValidator(_matchers)]
+
+
+class SlackConfig(_Section):
+    """One Slack destination: an incoming webhook, or a bot token and a channel (Web API:
+    one message per alert group, updated in place, with the timeline in its thread)."""
+
+    webhook_url: SecretStr | None = None
+    webhook_url_file: str | None = None
+    webhook_url_env: str | None = None
+    bot_token: SecretStr | None = None
+    bot_token_file: str | None = None
+    bot_token_env: str | None = None
+    channel: str | None = Field(None, description="bot token only: channel ID (best) or #name")
+    api_url: str = Field("https://slack.com/api/", description="Web API base URL")
+    send_resolved: bool = True
+    timeout: Duration = Field(10.0, gt=0, description="one HTTP request")
+    min_interval: Duration = Field(1.0, description="rate limit: least time between messages")
+
+    @model_validator(mode="after")
+    def _one_destination(self) -> SlackConfig:
+        webhook, bot = secret_sources(self, "webhook_url"), secret_sources(self, "bot_token")
+        if len(webhook) + len(bot) != 1:
+            raise ValueError("give exactly one of webhook_url, webhook_url_file, webhook_url_env"
+                             ", bot_token, bot_token_file, bot_token_env")
+        if bot and not self.channel:
+            raise ValueError("a bot token needs `channel` (its ID, e.g. C0123ABCD, or #name)")
+        if webhook and self.channel:
+            raise ValueError("an incoming webhook posts to the channel it was created for: "
+                             "remove `channel`, or use a bot token")
+        return self
+
+
+class ReceiverConfig(_Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    slack: SlackConfig | None = Field(None, description="none: notifications are dropped")
+
+
+class RouteConfig(_Section):
+    """Alertmanager's route: children inherit what they do not set."""
+
+    receiver: str | None = None
+    matchers: Matchers = Field(default_factory=list)
+    continue_: bool = Field(False, alias="continue")
+    group_by: list[str] | None = Field(None, description="['...']: every label")
+    group_wait: Duration | None = None
+    group_interval: Duration | None = Field(None, gt=0)
+    repeat_interval: Duration | None = Field(None, gt=0)
+    routes: list[RouteConfig] = Field(default_factory=list)
+
+
+class InhibitRuleConfig(_Section):
+    source_matchers: Matchers
+    target_matchers: Matchers
+    equal: list[str] = Field(default_factory=list)
+
+
+class AlertingConfig(_Section):
+    receivers: list[ReceiverConfig] = Field(default_factory=list)
+    route: RouteConfig | None = None
+    inhibit_rules: list[InhibitRuleConfig] = Field(default_factory=list)
+    send_in_dry_run: bool = Field(
+        True, description="the notify rung notifies in dry-run too (a message changes nothing "
+                          "on the node; readers see what would be done)")
+
+    @field_validator("receivers")
+    @classmethod
+    def _unique(cls, receivers: list[ReceiverConfig]) -> list[ReceiverConfig]:
+        names = [r.name for r in receivers]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"receiver names must be unique: {', '.join(duplicates)}")
+        return receivers
+
+    @field_validator("route")
+    @classmethod
+    def _route(cls, route: RouteConfig | None, info: ValidationInfo) -> RouteConfig | None:
+        if route is None:
+            return route
+        if not route.receiver:
+            raise ValueError("the top-level route needs a `receiver`")
+        if route.matchers:
+            raise ValueError("the top-level route matches every alert: no `matchers`")
+        if "receivers" not in info.data:
+            return route  # the receivers are invalid: that error is the one to read
+        names = [r.name for r in info.data["receivers"]]
+
+        def check(node: RouteConfig, where: str) -> None:
+            if node.receiver and node.receiver not in names:
+                raise ValueError(f"{where}receiver: no receiver named {node.receiver!r} "
+                                 f"(receivers: {', '.join(names) or 'none'})")
+            for index, child in enumerate(node.routes):
+                check(child, f"{where}routes.{index}.")
+
+        check(route, "")
+        return route
+
+    @model_validator(mode="after")
+    def _routed(self) -> AlertingConfig:
+        if self.receivers and self.route is None:
+            raise ValueError("receivers need a `route` (at least `route: {receiver: NAME}`)")
+        return self
 
 
 class Settings(BaseSettings):
@@ -186,6 +359,7 @@ class Settings(BaseSettings):
     detectors: DetectorsConfig = Field(default_factory=DetectorsConfig)
     actuators: ActuatorsConfig = Field(default_factory=ActuatorsConfig)
     ui: UiConfig = Field(default_factory=UiConfig)
+    alerting: AlertingConfig = Field(default_factory=AlertingConfig)
 
     @field_validator("listen")
     @classmethod
@@ -198,9 +372,10 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _exposed_needs_a_token(self) -> Settings:
         host = self.listen_host_port[0]
-        if not _loopback(host) and self.ui.token is None and self.ui.token_file is None:
+        if not _loopback(host) and not secret_sources(self.ui, "token"):
             raise ValueError(
-                f"listen: {host} is not loopback, so ui.token or ui.token_file is required: the "
+                f"listen: {host} is not loopback, so ui.token (or token_file, token_env) is "
+                "required: the "
                 "incidents and the node's workloads must not be readable by anyone on the network")
         return self
 
@@ -347,6 +522,8 @@ def _describe(exc: ValidationError, loaded: LoadedSettings) -> str:
         where = loaded.source_of(path, nearest=True)
         if where == "default" and loaded.file:
             where = str(loaded.file)
+        if SECRET_NAMES & set(path) or _mentions_secret(given) or isinstance(given, dict):
+            given = None  # never echo a secret back (nor a whole section)
         if error["type"] == "extra_forbidden":
             message = "unknown setting (check the spelling; `sloguard config show` lists them)"
         elif given is not None and error["type"] != "missing" and repr(given) not in message:

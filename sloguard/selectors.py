@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 OPS = ("=~", "!~", "!=", "=")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_:.]*")
+_BARE = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_:.]*)\s*(=~|!~|!=|=)\s*([^\"',{}\s=~][^\"',{}\s]*)\s*")
 _STRING = re.compile(r'"((?:[^"\\]|\\.)*)"' + "|" + r"'((?:[^'\\]|\\.)*)'")
 
 
@@ -99,3 +100,29 @@ def parse_selector(text: str) -> Selector:
             if pos < len(body) and body[pos] != ",":
                 raise ValueError(f"expected ',' or '}}' at {body[pos:]!r} in {text!r}")
     return Selector(name.group(), tuple(matchers))
+
+
+def parse_matchers(items: list[str] | str) -> tuple[Matcher, ...]:
+    """Alertmanager-style matchers, in the selector spelling: `severity="critical"`,
+    `node=~"w-.*"`, a `{a="b", c!="d"}` set, or an unquoted value (`alertname=LSCpuStall`).
+
+    Routes, inhibition rules and silences use them, so an SRE writes labels the same way in
+    rules, config and the CLI; each item may hold several matchers separated by commas.
+    """
+    out: list[Matcher] = []
+    for item in [items] if isinstance(items, str) else items:
+        text = item.strip()
+        if text.startswith("{") and text.endswith("}"):
+            text = text[1:-1]
+        if not text.strip():
+            continue
+        bare = _BARE.fullmatch(text)
+        if bare:  # one unquoted value, as amtool accepts
+            out.append(Matcher(bare.group(1), bare.group(2), bare.group(3)))
+            continue
+        try:
+            out.extend(parse_selector(f"alert{{{text}}}").matchers)
+        except ValueError as exc:
+            message = str(exc).replace(f" in 'alert{{{text}}}'", "")
+            raise ValueError(f"{message} in matcher {item!r}") from None
+    return tuple(out)

@@ -256,6 +256,10 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
                        for kind, (tried, worked) in agent.ledger.lever_stats().items()},
         }
 
+    from sloguard.ui.silences import silences_router
+
+    app.include_router(silences_router(agent, auth))
+
     @app.get("/incidents/{incident_id}", response_class=HTMLResponse, include_in_schema=False)
     def incident_page(request: Request, incident_id: str) -> Response:
         incident = agent.incidents.get(incident_id)

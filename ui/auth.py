@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import HTTPException, Request
 
@@ -81,6 +82,10 @@ class Auth:
                                  "Authorization: Bearer <ui.token>, or log in at /login",
                             headers={"WWW-Authenticate": "Bearer"})
 
+    def api_change(self, request: Request) -> None:
+        """A FastAPI dependency for JSON endpoints that change state (bearer token only)."""
+        self.require_change(request)
+
     def require_change(self, request: Request, form_csrf: str | None = None) -> str:
         """Who is making the change ("api" or "browser"); raises 401/403 otherwise.
 
@@ -94,6 +99,9 @@ class Auth:
             return "api"
         session = self.session(request)
         if session is not None:
+            origin = request.headers.get("origin")
+            if origin and origin != "null" and urlsplit(origin).netloc != request.url.netloc:
+                raise HTTPException(403, "cross-site form submission refused")
             if form_csrf and hmac.compare_digest(form_csrf, self.csrf(session)):
                 return "browser"
             raise HTTPException(403, "missing or wrong CSRF token: reload the page and retry")

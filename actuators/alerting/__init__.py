@@ -1,0 +1,19 @@
+"""Alerting: incidents to Slack with Alertmanager's semantics, and nothing lost or doubled.
+
+The pipeline, one file per idea, in the order an alert goes through it:
+
+- alerts.py      an incident seen as an alert: its labels, and what a reader must be told about
+- routing.py     the route tree (matchers, continue) picks the receivers
+- silences.py    silences (matchers, author, comment, expiry) mute matching alerts
+- inhibition.py  a firing source alert mutes matching targets (a node-level incident mutes the
+                 pod-level ones on that node)
+- grouping.py    aggregation groups with group_wait / group_interval / repeat_interval and the
+                 notification log that deduplicates
+- blocks.py      Block Kit messages
+- outbox.py      the on-disk queue the agent loop writes and the senders drain
+- slack.py       delivery with slack-sdk: retries, Retry-After, idempotent posts
+- pipeline.py    the composition the agent holds (the ladder's `notifier`)
+
+The agent loop only evaluates groups and appends to the outbox (SQLite, in the same transaction
+as the notification log); one sender thread per receiver delivers. Docs: docs/alerting.md.
+"""
