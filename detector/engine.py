@@ -252,6 +252,14 @@ class Engine:
         # Only series that crossed, have an alert, or count evaluations can change state: the
         # thousands that are quiet are not stepped one by one.
         counting = {s for (k, s) in self._history if k == rule.key}
+        if counting and (rule.spec.for_evaluations is None or not counting <= main.inputs.keys()):
+            # Counts of a rule that no longer counts, or of series gone from the data (their
+            # detector, and with it their history, may have been dropped with a batch rebuilt
+            # for new parameters): forget them, as the per-series path always did.
+            for series in list(counting):
+                if rule.spec.for_evaluations is None or series not in main.inputs:
+                    del self._history[(rule.key, series)]
+                    counting.discard(series)
         for series in (main.crossed if holds else set()) | open_series | counting:
             verdict = main.verdict(series)
             if jobs[1:]:
@@ -267,10 +275,13 @@ class Engine:
             slots = self._batches.get(key)
             if slots is None or (slots.spec is not spec and slots.spec != spec):
                 slots = _Slots(spec)
+                for stale in [k for k in self._detectors if k[0] == key]:
+                    del self._detectors[stale]  # per-series detectors of an earlier type
             gone = slots.arrange(inputs)
             for series in gone:
                 self._history.pop((key, series), None)
             return _Batch(key, spec, inputs, slots)
+        self._batches.pop(key, None)  # a batch of an earlier detector type
         known = {s: self._detectors.get((key, s)) for s in inputs}
         build = {s for s, entry in known.items()
                  if entry is None or (entry[0] is not spec and entry[0] != spec)}

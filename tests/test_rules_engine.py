@@ -654,3 +654,52 @@ def test_batch_path_gives_the_incidents_of_the_per_series_path(tmp_path):
     assert len(batched) == len(one_by_one)
     for mine, theirs in zip(batched, one_by_one, strict=True):
         assert mine == theirs
+
+
+def _edit_rules(h, text: str, stamp: int) -> None:
+    path = h.tmp / "rules" / "r.yaml"
+    path.write_text(text)
+    os.utime(path, (stamp, stamp))
+    assert h.rules.reload(), h.rules.errors
+
+
+COUNTED = RULES.replace("for: 2s", "for: 0s\n        for_evaluations: {crossed: 2, of: 10}"
+                        ).replace("recover_for: 2s", "recover_for: 0s")
+
+
+@pytest.mark.parametrize("batches", [True, False])
+def test_a_counted_series_that_went_away_across_a_rule_edit_does_not_break_the_rule(
+        tmp_path, batches):
+    """A series still counting evaluations after its alert resolved, gone from the data
+    when the rule's parameters change, is simply forgotten (the batch path once looked it
+    up in the new batch and failed the rule with KeyError, tick after tick)."""
+    h = _Harness(tmp_path, COUNTED, batches=batches)
+    h.at(0, 30.0)
+    h.at(1, 30.0)
+    assert h.all()[0].state == FIRING
+    h.at(2, 1.0)
+    assert h.all()[0].state == RESOLVED  # its history still holds two crossings
+    h.at(3, 1.0, pod="web-2")
+    h.at(5, 1.0, pod="web-2")  # web-1's last value is still in the 3 s window
+    _edit_rules(h, COUNTED.replace("above: 10", "above: 11"), 6)
+    h.at(6, 1.0, pod="web-2")  # and now it is not, as the parameters change
+    h.at(7, 50.0, pod="web-2")
+    assert h.engine.status["ls/LSSlow"].error == ""
+    assert {(i.series["pod"], i.state) for i in h.all()} == {
+        ("web-1", RESOLVED), ("web-2", PENDING)}
+
+
+def test_history_of_a_rule_that_stops_counting_is_not_revived_later(tmp_path):
+    """Crossings counted before `for_evaluations` was taken off a rule must not count when
+    it is put back an hour later."""
+    text = RULES.replace("for: 2s", "for: 0s\n        for_evaluations: {crossed: 2, of: 5}")
+    h = _Harness(tmp_path, text)
+    h.at(0, 30.0)
+    assert h.all()[0].state == PENDING
+    _edit_rules(h, RULES.replace("for: 2s", "for: 0s"), 1)
+    for second in range(1, 5):
+        h.at(second, 1.0)  # quiet: the pending alert is cancelled
+    assert h.all() == []
+    _edit_rules(h, text, 3600)
+    h.at(3600, 30.0)  # one crossing of the last five: pending, not firing
+    assert [i.state for i in h.all()] == [PENDING]
