@@ -167,12 +167,12 @@ class Engine:
         for key in list(self.status):
             if key not in keys:
                 del self.status[key]
-        for key in [k for k in self._detectors if k[0].split("#", 1)[0] not in keys]:
+        for key in [k for k in self._detectors if _rule_of(k[0]) not in keys]:
             del self._detectors[key]
             self._history.pop(key, None)
-        for key in [k for k in self._batches if k.split("#", 1)[0] not in keys]:
+        for key in [k for k in self._batches if _rule_of(k) not in keys]:
             del self._batches[key]
-        for key in [k for k in self._history if k[0].split("#", 1)[0] not in keys]:
+        for key in [k for k in self._history if _rule_of(k[0]) not in keys]:
             del self._history[key]
 
     def _values(self, rule: LoadedRule, now_ns: int, spec: Any = None) -> dict[SeriesKey, float]:
@@ -601,6 +601,15 @@ def _annotate(incident: Incident, rule: LoadedRule, value: float | None,
     incident.summary = incident.annotations.get("summary") or (
         f"{spec.alert}: {spec.field} of {spec.expr} = {value} against {threshold}"
     )
+
+
+_CONDITION_SUFFIX = re.compile(r"#and\d+$")
+
+
+def _rule_of(signal_key: str) -> str:
+    """The rule key of a signal key: `group/alert`, or `group/alert#andN` for a compound rule's
+    condition. Only that suffix is taken off: a group name may itself contain `#`."""
+    return _CONDITION_SUFFIX.sub("", signal_key)
 
 
 def fingerprint(rule_key: str, series: SeriesKey) -> str:

@@ -703,3 +703,18 @@ def test_history_of_a_rule_that_stops_counting_is_not_revived_later(tmp_path):
     _edit_rules(h, text, 3600)
     h.at(3600, 30.0)  # one crossing of the last five: pending, not firing
     assert [i.state for i in h.all()] == [PENDING]
+
+
+@pytest.mark.parametrize("batches", [True, False])
+def test_a_hash_in_the_group_name_keeps_detector_state(tmp_path, batches):
+    """Rule keys are `group/alert`; only a compound rule's own `#andN` suffix may be taken
+    off them. A group named with a `#` once had its detectors and its for_evaluations
+    history dropped after every evaluation."""
+    text = RULES.replace("name: ls", "name: ls#canary").replace(
+        "for: 2s", "for: 0s\n        for_evaluations: {crossed: 3, of: 5}")
+    h = _Harness(tmp_path, text, batches=batches)
+    for second, value in enumerate([30, 1, 30, 1]):
+        h.at(second, float(value))
+    assert h.all()[0].state == PENDING
+    h.at(4, 30.0)
+    assert h.all()[0].state == FIRING
