@@ -230,8 +230,13 @@ class Engine:
         try:
             results = self._guarded(rule, run, now_ns)
         except Exception:
-            for key, _, _ in jobs:
-                self._batches.pop(key, None)  # a batch may have been left half-updated
+            # A batch, or a series' detector, may have been left half-updated, and a worker cut
+            # off at its deadline may still be updating them: start those signals afresh.
+            signals = {key for key, _, _ in jobs}
+            for key in signals:
+                self._batches.pop(key, None)
+            for stale in [k for k in self._detectors if k[0] in signals]:
+                del self._detectors[stale]
             raise
         judged_all: list[_Judged] = []
         failures: list[str] = []

@@ -718,3 +718,53 @@ def test_a_hash_in_the_group_name_keeps_detector_state(tmp_path, batches):
     assert h.all()[0].state == PENDING
     h.at(4, 30.0)
     assert h.all()[0].state == FIRING
+
+
+def test_an_abandoned_worker_never_shares_a_detector_with_the_retried_rule(tmp_path):
+    """A rule cut off at its deadline leaves its worker running on; when the rule is tried
+    again, its detectors must not be the ones that worker may still be updating."""
+    import threading
+
+    from sloguard.detector.engine import HUNG_BACKOFF_S
+
+    release = threading.Event()
+    overlaps: list[str] = []
+
+    class Exclusive:
+        name = "exclusive"
+        block = False
+
+        def __init__(self, params):
+            self.inner = Threshold({"above": 10, "recover_below": 5})
+            self.busy = False
+
+        def update(self, value, time_ns):
+            if self.busy:
+                overlaps.append("two threads updated one detector at once")
+            self.busy = True
+            try:
+                if Exclusive.block:
+                    release.wait(5)
+                return self.inner.update(value, time_ns)
+            finally:
+                self.busy = False
+
+    class Plugin:
+        @hookimpl
+        def sloguard_detectors(self):
+            return [Exclusive]
+
+    text = RULES.replace("        params: {above: 10, recover_below: 5}\n",
+                         "        detector: exclusive\n")
+    h = _Harness(tmp_path, text, registry=DetectorRegistry(plugins=[Plugin()]), timeout_s=0.2)
+    try:
+        h.at(0, 30.0)
+        Exclusive.block = True
+        h.at(1, 30.0)  # cut off: its worker waits inside update
+        assert "longer than 0.2s" in h.engine.status["ls/LSSlow"].error
+        Exclusive.block = False
+        h.at(2 + int(HUNG_BACKOFF_S), 30.0)  # tried again while that worker still waits
+    finally:
+        release.set()
+    assert overlaps == []
+    assert h.engine.status["ls/LSSlow"].error == ""
