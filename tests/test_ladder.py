@@ -51,6 +51,8 @@ CALLS: list[tuple[str, str, bool]] = []
 class Mark:
     kind: ClassVar[str] = "mark"
     fail_times: ClassVar[int] = 0
+    fail_name: ClassVar[str] = "second"
+    undo_fail_times: ClassVar[int] = 0
 
     def __init__(self, params: dict[str, Any], env: ActuatorEnv) -> None:
         if set(params) - {"name"}:
@@ -61,7 +63,7 @@ class Mark:
         return None
 
     def apply(self, ctx: StepContext) -> StepResult:
-        if Mark.fail_times and self.name == "second":
+        if Mark.fail_times and self.name == Mark.fail_name:
             Mark.fail_times -= 1
             raise ConnectionError("API server unreachable")
         CALLS.append(("apply", self.name, ctx.dry_run))
@@ -71,6 +73,9 @@ class Mark:
 
     def undo(self, ctx: StepContext, undo: dict[str, Any]) -> StepResult:
         assert undo == {"was": f"before-{self.name}"}  # what apply recorded comes back
+        if Mark.undo_fail_times:
+            Mark.undo_fail_times -= 1
+            raise ConnectionError("API server unreachable")
         CALLS.append(("undo", self.name, ctx.dry_run))
         return StepResult(PROPOSED if ctx.dry_run else DONE, f"node/{ctx.node}", "restored")
 
@@ -139,6 +144,8 @@ class Harness:
 def _clean():
     CALLS.clear()
     Mark.fail_times = 0
+    Mark.fail_name = "second"
+    Mark.undo_fail_times = 0
 
 
 def test_climbs_one_rung_per_hold_and_descends_in_reverse(tmp_path):
@@ -356,3 +363,79 @@ def test_policies_check_cli(tmp_path, sloguard_bin):
     assert result.returncode == 1
     assert f"{bad}:5:9: policies.0.steps.0.params: taint must be one of" in result.stderr
     assert f"{bad}:6:9: policies.0.steps.1.step: unknown step 'evictt'" in result.stderr
+
+
+REPEATING = """\
+policies:
+  - name: guard
+    undo_hold: 10s
+    stale_after: 5s
+    steps:
+      - step: mark
+        params: {name: first}
+        repeat: 5s
+      - step: mark
+        after: 12s
+        params: {name: second}
+"""
+
+
+def test_a_repeating_rung_does_not_hold_back_the_next_one(tmp_path):
+    """`after` runs from the rung's first application: re-notifying every 5 s must not keep
+    the 12 s hold before the next rung from ever ending."""
+    h = Harness(tmp_path, REPEATING)
+    incident = h.incident(0)
+    for second in (0, 5, 10, 12):
+        h.tick(second, [incident])
+    assert [c[1] for c in CALLS] == ["first", "first", "first", "second"]
+
+
+def test_a_failed_repeat_leaves_the_rung_in_force_and_it_is_still_undone(tmp_path):
+    """A repeat that fails (or finds nothing to do) must not replace the rung's record: the
+    first application is still in force, and must be undone with what it recorded."""
+    h = Harness(tmp_path, REPEATING)
+    Mark.fail_name = "first"
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    Mark.fail_times = 1
+    h.tick(5, [incident])  # the repeat fails
+    [row] = h.ledger.rungs()
+    assert row.status == DONE and row.undo == {"was": "before-first"}
+    h.tick(6, [])  # recovered
+    assert CALLS[-1] == ("undo", "first", False)
+    assert h.ledger.rungs() == []
+
+
+def test_a_failed_rung_is_retried_only_on_fresh_evidence_and_keeps_its_clock(tmp_path):
+    """Retrying a failed step is applying it: past cordon, stale evidence holds it like any
+    other escalation. And the next rung's `after` runs from the first attempt, however many
+    retries there were."""
+    h = Harness(tmp_path, POLICY.replace("      - step: suppress\n        after: 5s",
+                                         "      - step: suppress\n        after: 8s"))
+    Mark.fail_times = 1
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    h.tick(10, [incident])  # "second" fails; retried from 15 s
+    h.tick(16, [incident], fresh=False)  # no value for 6 s (stale_after: 5 s)
+    assert ("apply", "second", False) not in CALLS
+    h.tick(17, [incident])
+    assert CALLS[-1] == ("apply", "second", False)
+    h.tick(18, [incident])  # 8 s after the first attempt at "second"
+    assert CALLS[-1] == ("apply", "cpu_idle", False)
+
+
+def test_a_ledger_from_before_last_ns_opens_and_keeps_its_rungs(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "actuators.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE rungs (policy TEXT NOT NULL, rung INTEGER NOT NULL, kind TEXT "
+                     "NOT NULL, status TEXT NOT NULL, incident TEXT NOT NULL, dry_run INTEGER "
+                     "NOT NULL, undo TEXT NOT NULL, applied_ns INTEGER NOT NULL, attempts "
+                     "INTEGER NOT NULL DEFAULT 1, retry_ns INTEGER NOT NULL DEFAULT 0, spec TEXT "
+                     "NOT NULL, target TEXT NOT NULL, PRIMARY KEY (policy, rung))")
+        conn.execute("INSERT INTO rungs VALUES ('guard', 0, 'mark', 'done', 'inc-1', 0, "
+                     "'{\"was\": \"before-first\"}', 5, 1, 0, '{\"step\": \"mark\"}', 'node/a')")
+    [row] = Ledger(path).rungs()
+    assert (row.kind, row.applied_ns, row.last_ns, row.undo) == (
+        "mark", 5, 0, {"was": "before-first"})
