@@ -245,7 +245,8 @@ class Ladder:
         else:
             ctx = self._context(row.incident, row.dry_run or row.status == PROPOSED, now_ns,
                                 reason)
-            result = self._run(spec, lambda step: step.undo(ctx, row.undo))
+            recorded = {k: v for k, v in row.undo.items() if k != "_undo_attempts"}
+            result = self._run(spec, lambda step: step.undo(ctx, recorded))
         if result.status == FAILED:
             row.undo["_undo_attempts"] = row.undo.get("_undo_attempts", 0) + 1
             self.ledger.put(row)

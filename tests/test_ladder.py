@@ -424,6 +424,18 @@ def test_a_failed_rung_is_retried_only_on_fresh_evidence_and_keeps_its_clock(tmp
     assert CALLS[-1] == ("apply", "cpu_idle", False)
 
 
+def test_an_undo_retried_after_a_failure_gets_what_apply_recorded(tmp_path):
+    h = Harness(tmp_path)
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    Mark.undo_fail_times = 1
+    h.tick(1, [])  # the undo fails: retried after a backoff
+    assert [r.kind for r in h.ledger.rungs()] == ["mark"]
+    h.tick(7, [])
+    assert CALLS[-1] == ("undo", "first", False)  # Mark.undo checks the data it is given
+    assert h.ledger.rungs() == []
+
+
 def test_a_ledger_from_before_last_ns_opens_and_keeps_its_rungs(tmp_path):
     import sqlite3
 
