@@ -91,6 +91,8 @@ class Ladder:
         for incident in firing:
             if incident.policy:
                 by_policy[incident.policy].append(incident)
+        # an error ends with the incidents it was about (a new dict: the API reads this one)
+        self.errors = {n: e for n, e in self.errors.items() if n in by_policy}
         in_force: dict[str, list[RungState]] = defaultdict(list)
         for row in self.ledger.rungs():
             in_force[row.policy].append(row)

@@ -436,6 +436,15 @@ def test_an_undo_retried_after_a_failure_gets_what_apply_recorded(tmp_path):
     assert h.ledger.rungs() == []
 
 
+def test_the_error_of_an_unknown_policy_ends_with_its_incidents(tmp_path):
+    h = Harness(tmp_path)
+    incident = h.incident(0, policy="missing")
+    h.tick(0, [incident])
+    assert "not loaded" in h.ladder.errors["missing"]
+    h.tick(1, [])
+    assert h.ladder.errors == {}
+
+
 def test_a_ledger_from_before_last_ns_opens_and_keeps_its_rungs(tmp_path):
     import sqlite3
 
