@@ -460,3 +460,93 @@ def test_a_ledger_from_before_last_ns_opens_and_keeps_its_rungs(tmp_path):
     [row] = Ledger(path).rungs()
     assert (row.kind, row.applied_ns, row.last_ns, row.undo) == (
         "mark", 5, 0, {"was": "before-first"})
+
+
+def test_policies_can_be_read_from_other_threads_while_files_change(tmp_path):
+    """The API (/api/policies, /readyz) reads the policies on uvicorn's threads while the
+    agent's loop reloads them: a policy file added or removed meanwhile must not fail those
+    reads with 'dictionary changed size during iteration'."""
+    import os
+    import sys
+    import threading
+
+    directory = tmp_path / "policies"
+    directory.mkdir()
+    for i in range(20):
+        (directory / f"p{i}.yaml").write_text(
+            f"policies:\n  - name: g{i}\n    steps:\n      - step: mark\n")
+    factory = StepFactory(ActuatorEnv("n", Ledger(tmp_path / "l.db")), KINDS)
+    policies = PolicySet([str(directory)], validate_step=factory.check)
+    assert policies.reload()
+    stop = threading.Event()
+
+    def churn() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            extra, broken = directory / "x.yaml", directory / "y.yaml"
+            if n % 2:
+                extra.write_text(f"policies:\n  - name: x{n}\n    steps:\n      - step: mark\n")
+                broken.write_text("policies:\n  - name: y\n    steps:\n      - step: nope\n")
+                os.utime(extra, (n, n))
+                os.utime(broken, (n, n))
+            else:
+                extra.unlink()
+                broken.unlink()
+            policies.reload()
+
+    failures = []
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can: races show up
+    writer = threading.Thread(target=churn)
+    writer.start()
+    try:
+        for _ in range(20_000):
+            try:
+                assert policies.get("g3") is not None and "g19" in policies.names
+                {**policies.errors}  # noqa: B018 - what /readyz does
+            except RuntimeError as exc:
+                failures.append(exc)
+    finally:
+        stop.set()
+        writer.join()
+        sys.setswitchinterval(switch)
+    assert failures == []
+
+
+def test_removing_a_broken_policy_file_clears_its_error(tmp_path):
+    h = Harness(tmp_path)
+    broken = tmp_path / "policies" / "broken.yaml"
+    broken.write_text("policies: [ {name: other} ]\n")
+    assert not h.policies.reload() and str(broken) in h.policies.errors
+    broken.unlink()
+    assert h.policies.reload(), h.policies.errors  # nothing is wrong any more
+    assert h.policies.errors == {} and h.policies.get("guard") is not None
+
+
+def test_a_policy_path_that_cannot_be_listed_does_not_stop_detection(tmp_path):
+    """The agent reloads policies before rules on its loop: a policy path that cannot be
+    listed (here a name too long for the file system) once raised out of every tick, before
+    the engine evaluated anything."""
+    from sloguard.agent import Agent
+    from sloguard.config import load_settings
+
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "r.yaml").write_text(
+        "groups:\n  - name: ls\n    rules:\n      - alert: LSSlow\n        expr: lat\n"
+        "        field: p99\n        params: {above: 10}\n")
+    unlistable = tmp_path / ("x" * 300)
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"node_name: n\ndata_dir: {tmp_path / 'data'}\nrules:\n  paths: [{tmp_path / 'rules'}]\n"
+        f"actuators:\n  policies: [{unlistable}]\n"
+        "collectors:\n  node: {enabled: false}\n  cgroups: {enabled: false}\n")
+    agent = Agent(load_settings(config).settings)
+    try:
+        agent.tick(T0)
+        assert agent.engine.status["ls/LSSlow"].evaluations == 1
+        assert "cannot list" in agent.policies.errors[str(unlistable)]
+    finally:
+        agent.store.close()
+        agent.incidents.close()
+        agent.ledger.close()
