@@ -98,19 +98,27 @@ class Ladder:
             in_force[row.policy].append(row)
         for name in sorted(set(by_policy) | set(in_force)):
             rows = sorted(in_force.get(name, []), key=lambda r: r.rung)
-            policy = self.policies.get(name)
-            if by_policy.get(name):
-                if policy is None:
-                    self.errors[name] = f"policy {name!r} is not loaded; nothing escalates"
-                    continue
-                self.errors.pop(name, None)
-                self._climb(policy, rows, by_policy[name], now_ns)
-                self._was_firing.add(name)
-            else:
-                if name in self._was_firing:
-                    self._was_firing.discard(name)
-                    self._learn(name, rows)
-                self._descend(name, policy, rows, now_ns)
+            try:
+                self._tick_policy(name, rows, by_policy.get(name, []), now_ns)
+            except Exception as exc:  # one policy's trouble must not stop the others
+                self.errors[name] = f"policy {name!r}: {exc.__class__.__name__}: {exc}"[:500]
+                log.exception("policy %s: the escalation ladder failed", name)
+
+    def _tick_policy(self, name: str, rows: list[RungState], firing: list[Incident],
+                     now_ns: int) -> None:
+        policy = self.policies.get(name)
+        if firing:
+            if policy is None:
+                self.errors[name] = f"policy {name!r} is not loaded; nothing escalates"
+                return
+            self.errors.pop(name, None)
+            self._climb(policy, rows, firing, now_ns)
+            self._was_firing.add(name)
+        else:
+            if name in self._was_firing:
+                self._was_firing.discard(name)
+                self._learn(name, rows)
+            self._descend(name, policy, rows, now_ns)
 
     def _climb(self, policy: Policy, rows: list[RungState], firing: list[Incident],
                now_ns: int) -> None:

@@ -100,6 +100,15 @@ class AuditEntry:
     id: int | None = None
 
 
+def _plain(value: Any) -> Any:
+    """What a step's undo data holds beyond JSON (a set, a path, a time), as JSON can keep it:
+    a rung applied for real is recorded in force whatever it returned, never lost (and so
+    applied again on the next tick)."""
+    if isinstance(value, set | frozenset):
+        return list(value)
+    return str(value)
+
+
 class Ledger:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -134,8 +143,9 @@ class Ledger:
                 f"INSERT OR REPLACE INTO rungs ({_RUNG_COLUMNS}) VALUES "
                 "(?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (state.policy, state.rung, state.kind, state.status, state.incident,
-                 int(state.dry_run), json.dumps(state.undo), state.applied_ns, state.attempts,
-                 state.retry_ns, json.dumps(state.spec or {}), state.target,
+                 int(state.dry_run), json.dumps(state.undo, default=_plain), state.applied_ns,
+                 state.attempts, state.retry_ns, json.dumps(state.spec or {}, default=_plain),
+                 state.target,
                  state.last_ns or state.applied_ns))
 
     def remove(self, policy: str, rung: int) -> None:

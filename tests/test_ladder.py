@@ -94,8 +94,25 @@ class LeverB(Mark):
         self.name = "cpuset"
 
 
+class Untidy(Mark):
+    """A step that breaks the contract: its undo data is not JSON (a set)."""
+
+    kind: ClassVar[str] = "untidy"
+
+    def __init__(self, params: dict[str, Any], env: ActuatorEnv) -> None:
+        self.name = "untidy"
+
+    def apply(self, ctx: StepContext) -> StepResult:
+        CALLS.append(("apply", self.name, ctx.dry_run))
+        return StepResult(DONE, f"node/{ctx.node}", "applied", {"pids": {1, 2}})
+
+    def undo(self, ctx: StepContext, undo: dict[str, Any]) -> StepResult:
+        CALLS.append(("undo", self.name, ctx.dry_run))
+        return StepResult(DONE, f"node/{ctx.node}", "restored")
+
+
 KINDS = {"mark": f"{__name__}:Mark", "lever_a": f"{__name__}:LeverA",
-         "lever_b": f"{__name__}:LeverB"}
+         "lever_b": f"{__name__}:LeverB", "untidy": f"{__name__}:Untidy"}
 
 
 class Harness:
@@ -550,3 +567,36 @@ def test_a_policy_path_that_cannot_be_listed_does_not_stop_detection(tmp_path):
         agent.store.close()
         agent.incidents.close()
         agent.ledger.close()
+
+
+def test_a_step_with_untidy_undo_data_is_recorded_once_and_other_policies_go_on(tmp_path):
+    """A step applied for real must be recorded as in force whatever it returns, or the
+    next tick applies it again (and again); and one policy's trouble must not keep the
+    ladder from the policies after it."""
+    h = Harness(tmp_path, POLICY + "  - name: aaa\n    steps:\n      - step: untidy\n")
+    first = h.incident(0, policy="aaa")
+    second = Incident("inc-2", "g", "LSSlow", "ls", "critical", "node-a", FIRING, {"pod": "x"},
+                      T0, T0, fired_ns=T0, policy="guard")
+    h.incidents.save(second)
+    h.made.append(second)
+    for tick in range(3):
+        h.tick(tick, [first, second])
+    assert CALLS == [("apply", "untidy", False), ("apply", "first", False)]
+    assert [(r.policy, r.kind) for r in h.ledger.rungs()] == [("aaa", "untidy"),
+                                                             ("guard", "mark")]
+    h.tick(3, [])
+    assert ("undo", "untidy", False) in CALLS and ("undo", "first", False) in CALLS
+
+
+def test_a_policy_whose_rung_cannot_be_undone_does_not_stop_the_others(tmp_path):
+    """A rung recorded by another version of the agent (a step field this one does not know)
+    cannot be undone here; the ladder reports it on its policy and goes on with the rest."""
+    from sloguard.actuators.ledger import RungState
+
+    h = Harness(tmp_path)
+    h.ledger.put(RungState("aaa", 0, "mark", DONE, "inc-0", False, {"was": "before-x"}, T0,
+                           spec={"step": "mark", "params": {"name": "x"}, "jitter": "5s"}))
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    assert CALLS == [("apply", "first", False)]
+    assert "aaa" in h.ladder.errors and "jitter" in h.ladder.errors["aaa"]
