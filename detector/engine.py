@@ -277,6 +277,9 @@ class Engine:
         """How one signal of a rule is judged this tick: by its batch (one numpy call for every
         series) when the detector type offers one, else by one detector per series."""
         if self.batches and self.registry.batch_type(spec.detector) is not None:
+            # numpy is imported here, on the engine's thread: its first import (~0.2 s, much
+            # more on a busy node) inside the worker's deadline got rules cut off at start-up
+            import numpy  # noqa: F401
             slots = self._batches.get(key)
             if slots is None or (slots.spec is not spec and slots.spec != spec):
                 slots = _Slots(spec)

@@ -768,3 +768,52 @@ def test_an_abandoned_worker_never_shares_a_detector_with_the_retried_rule(tmp_p
         release.set()
     assert overlaps == []
     assert h.engine.status["ls/LSSlow"].error == ""
+
+
+def test_the_batch_path_imports_numpy_outside_the_detector_deadline(tmp_path):
+    """Importing numpy takes ~0.2 s, far more on a node busy with the very interference being
+    watched; inside the worker's deadline (1 s) it once got the shipped threshold rules cut
+    off and skipped for a minute at start-up. It is imported on the engine's own thread."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "first_tick.py"
+    script.write_text(textwrap.dedent(f"""\
+        import sys, threading
+        from pathlib import Path
+
+        from sloguard.actuators.dryrun import DryRunActuator
+        from sloguard.detector.engine import Engine
+        from sloguard.detector.recent import RecentWindows
+        from sloguard.detector.rules import RuleSet
+        from sloguard.samples import Sample
+        from sloguard.store.incidents_db import IncidentStore
+
+        importers = []
+
+        class Watch:
+            def find_spec(self, name, path=None, target=None):
+                if name == "numpy":
+                    importers.append(threading.current_thread().name)
+                return None
+
+        tmp = Path({str(tmp_path)!r})
+        (tmp / "rules").mkdir()
+        (tmp / "rules" / "r.yaml").write_text({RULES!r})
+        rules = RuleSet([str(tmp / "rules")])
+        rules.reload()
+        windows = RecentWindows()
+        engine = Engine(windows, IncidentStore(tmp / "i.db"), rules, "node-a",
+                        DryRunActuator("node-a"))
+        engine.sync_windows(None, {T0})
+        assert "numpy" not in sys.modules, "imported before the first evaluation"
+        sys.meta_path.insert(0, Watch())
+        windows.add([Sample("lat", {{"class": "LS", "pod": "w"}}, {{"p99": 30.0}}, {T0})])
+        engine.evaluate({T0})
+        assert engine.status["ls/LSSlow"].error == "", engine.status["ls/LSSlow"].error
+        print(importers)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['MainThread']"
