@@ -214,14 +214,15 @@ class Ladder:
 
     def _repeat(self, policy: Policy, rung: Rung, row: RungState, incident: Incident,
                 now_ns: int, reason: str) -> None:
-        """Apply a rung in force again (`repeat`). Its record keeps what the first application
-        needs to be undone: a repeat that fails or finds nothing to do changes nothing there,
-        and one that succeeds only replaces a record that had nothing in force."""
+        """Apply a rung in force again (`repeat`). A repeat that succeeds gives the step's
+        latest account of what is in force and how to undo it (reduce_capacity reduces again
+        from a value rewritten since); one that fails or finds nothing to do changes nothing in
+        the record: what the rung put in force is still there, and must still be undone."""
         spec = rung.spec
         dry_run = self.dry_run or spec.dry_run
         result = self._attempt(rung, incident, dry_run, now_ns, reason)
         strength = {DONE: 2, PROPOSED: 1}
-        if strength.get(result.status, 0) > strength.get(row.status, 0):
+        if strength.get(result.status, 0) >= max(strength.get(row.status, 0), 1):
             row.status, row.undo, row.target = result.status, result.undo, result.target
             row.incident, row.dry_run, row.spec = incident.id, dry_run, spec.model_dump()
         row.last_ns = now_ns

@@ -600,3 +600,18 @@ def test_a_policy_whose_rung_cannot_be_undone_does_not_stop_the_others(tmp_path)
     h.tick(0, [incident])
     assert CALLS == [("apply", "first", False)]
     assert "aaa" in h.ladder.errors and "jitter" in h.ladder.errors["aaa"]
+
+
+def test_a_successful_repeat_records_what_the_step_now_says_is_in_force(tmp_path):
+    """A step whose repeat acts again (reduce_capacity after its value was rewritten) returns
+    the undo data that now holds; the rung is undone with that, not the first one."""
+    h = Harness(tmp_path, REPEATING)
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    [row] = h.ledger.rungs()
+    row.undo = {"was": "stale"}  # as if the first application had recorded something else
+    h.ledger.put(row)
+    h.tick(5, [incident])  # the repeat records {"was": "before-first"} again
+    assert h.ledger.rungs()[0].undo == {"was": "before-first"}
+    h.tick(6, [])
+    assert CALLS[-1] == ("undo", "first", False)  # Mark.undo checks the data it is given
