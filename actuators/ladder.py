@@ -91,24 +91,34 @@ class Ladder:
         for incident in firing:
             if incident.policy:
                 by_policy[incident.policy].append(incident)
+        # an error ends with the incidents it was about (a new dict: the API reads this one)
+        self.errors = {n: e for n, e in self.errors.items() if n in by_policy}
         in_force: dict[str, list[RungState]] = defaultdict(list)
         for row in self.ledger.rungs():
             in_force[row.policy].append(row)
         for name in sorted(set(by_policy) | set(in_force)):
             rows = sorted(in_force.get(name, []), key=lambda r: r.rung)
-            policy = self.policies.get(name)
-            if by_policy.get(name):
-                if policy is None:
-                    self.errors[name] = f"policy {name!r} is not loaded; nothing escalates"
-                    continue
-                self.errors.pop(name, None)
-                self._climb(policy, rows, by_policy[name], now_ns)
-                self._was_firing.add(name)
-            else:
-                if name in self._was_firing:
-                    self._was_firing.discard(name)
-                    self._learn(name, rows)
-                self._descend(name, policy, rows, now_ns)
+            try:
+                self._tick_policy(name, rows, by_policy.get(name, []), now_ns)
+            except Exception as exc:  # one policy's trouble must not stop the others
+                self.errors[name] = f"policy {name!r}: {exc.__class__.__name__}: {exc}"[:500]
+                log.exception("policy %s: the escalation ladder failed", name)
+
+    def _tick_policy(self, name: str, rows: list[RungState], firing: list[Incident],
+                     now_ns: int) -> None:
+        policy = self.policies.get(name)
+        if firing:
+            if policy is None:
+                self.errors[name] = f"policy {name!r} is not loaded; nothing escalates"
+                return
+            self.errors.pop(name, None)
+            self._climb(policy, rows, firing, now_ns)
+            self._was_firing.add(name)
+        else:
+            if name in self._was_firing:
+                self._was_firing.discard(name)
+                self._learn(name, rows)
+            self._descend(name, policy, rows, now_ns)
 
     def _climb(self, policy: Policy, rows: list[RungState], firing: list[Incident],
                now_ns: int) -> None:
@@ -119,19 +129,24 @@ class Ladder:
         rungs = policy.rungs(order)
         driver = min(firing, key=lambda i: i.fired_ns or i.started_ns)
         self._undo_due.pop(policy.name, None)
+        fresh = self._fresh(firing, now_ns, policy)
         for row in rows:  # failed rungs whose backoff is over
             if row.status == FAILED and row.retry_ns and now_ns >= row.retry_ns and (
-                    row.rung < len(rungs)):
+                    row.rung < len(rungs)) and (
+                    fresh or rungs[row.rung].spec.step in SAFE_WHEN_STALE):
+                # a retry is an application: stale evidence holds it past cordon; the next
+                # rung's `after` still runs from the first attempt
                 self._apply(policy, rungs[row.rung], driver, now_ns, row.attempts + 1,
-                            "retry after a failure")
+                            "retry after a failure", first_ns=row.applied_ns)
         if rows:
             last = rows[-1]
             repeat = rungs[last.rung].spec.repeat if last.rung < len(rungs) else None
-            if repeat and now_ns >= last.applied_ns + int(repeat * 1e9) and self._fresh(
-                    firing, now_ns, policy):
-                self._apply(policy, rungs[last.rung], driver, now_ns, 1,
-                            f"interference persists {repeat:g}s after the last "
-                            f"{last.kind}: repeating it")
+            latest = max(last.applied_ns, last.last_ns)
+            if repeat and last.status != FAILED and fresh and (
+                    now_ns >= latest + int(repeat * 1e9)):
+                self._repeat(policy, rungs[last.rung], last, driver, now_ns,
+                             f"interference persists {repeat:g}s after the last "
+                             f"{last.kind}: repeating it")
         k = rows[-1].rung + 1 if rows else 0
         if k >= len(rungs):
             return
@@ -139,7 +154,7 @@ class Ladder:
         base = rows[-1].applied_ns if rows else min(i.fired_ns or i.started_ns for i in firing)
         if now_ns < base + int(rung.spec.after * 1e9):
             return
-        if rung.spec.step not in SAFE_WHEN_STALE and not self._fresh(firing, now_ns, policy):
+        if rung.spec.step not in SAFE_WHEN_STALE and not fresh:
             if (policy.name, k) not in self._held:
                 self._held.add((policy.name, k))
                 log.warning("policy %s: holding before %s: no fresh evidence for %gs",
@@ -189,22 +204,48 @@ class Ladder:
                            resource)
 
     def _apply(self, policy: Policy, rung: Rung, incident: Incident, now_ns: int,
-               attempts: int, reason: str) -> None:
+               attempts: int, reason: str, first_ns: int | None = None) -> None:
         spec = rung.spec
         dry_run = self.dry_run or spec.dry_run
-        ctx = self._context(incident.id, dry_run, now_ns, reason,
-                            incident.labels.get("resource", ""))
-        result = self._run(spec, lambda step: step.apply(ctx))
+        result = self._attempt(rung, incident, dry_run, now_ns, reason)
         retry_ns = now_ns + backoff_ns(attempts) if result.status == FAILED and result.retry \
             else 0
         self.ledger.put(RungState(
             policy.name, rung.index, spec.step, result.status, incident.id, dry_run,
-            result.undo, now_ns, attempts, retry_ns, spec.model_dump(), result.target))
+            result.undo, first_ns or now_ns, attempts, retry_ns, spec.model_dump(),
+            result.target, now_ns))
         self._record(incident, policy.name, rung.index, spec.step, "apply", dry_run, result,
                      reason, now_ns)
         if result.status == FAILED:
             log.error("policy %s: %s failed: %s%s", policy.name, spec.step, result.detail,
                       " (will retry)" if retry_ns else "")
+
+    def _repeat(self, policy: Policy, rung: Rung, row: RungState, incident: Incident,
+                now_ns: int, reason: str) -> None:
+        """Apply a rung in force again (`repeat`). A repeat that succeeds gives the step's
+        latest account of what is in force and how to undo it (reduce_capacity reduces again
+        from a value rewritten since); one that fails or finds nothing to do changes nothing in
+        the record: what the rung put in force is still there, and must still be undone."""
+        spec = rung.spec
+        dry_run = self.dry_run or spec.dry_run
+        result = self._attempt(rung, incident, dry_run, now_ns, reason)
+        strength = {DONE: 2, PROPOSED: 1}
+        if strength.get(result.status, 0) >= max(strength.get(row.status, 0), 1):
+            row.status, row.undo, row.target = result.status, result.undo, result.target
+            row.incident, row.dry_run, row.spec = incident.id, dry_run, spec.model_dump()
+        row.last_ns = now_ns
+        self.ledger.put(row)
+        self._record(incident, policy.name, rung.index, spec.step, "apply", dry_run, result,
+                     reason, now_ns)
+        if result.status == FAILED:
+            log.error("policy %s: repeating %s failed: %s", policy.name, spec.step,
+                      result.detail)
+
+    def _attempt(self, rung: Rung, incident: Incident, dry_run: bool, now_ns: int,
+                 reason: str) -> StepResult:
+        ctx = self._context(incident.id, dry_run, now_ns, reason,
+                            incident.labels.get("resource", ""))
+        return self._run(rung.spec, lambda step: step.apply(ctx))
 
     def _undo(self, row: RungState, now_ns: int, reason: str) -> bool:
         """Undo one rung in force; False when it failed and stays for a retry."""
@@ -223,7 +264,8 @@ class Ladder:
         else:
             ctx = self._context(row.incident, row.dry_run or row.status == PROPOSED, now_ns,
                                 reason)
-            result = self._run(spec, lambda step: step.undo(ctx, row.undo))
+            recorded = {k: v for k, v in row.undo.items() if k != "_undo_attempts"}
+            result = self._run(spec, lambda step: step.undo(ctx, recorded))
         if result.status == FAILED:
             row.undo["_undo_attempts"] = row.undo.get("_undo_attempts", 0) + 1
             self.ledger.put(row)

@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS rungs (
     retry_ns INTEGER NOT NULL DEFAULT 0,
     spec TEXT NOT NULL,
     target TEXT NOT NULL,
+    last_ns INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (policy, rung)
 );
 CREATE TABLE IF NOT EXISTS episodes (
@@ -61,6 +62,8 @@ CREATE TABLE IF NOT EXISTS audit (
 CREATE INDEX IF NOT EXISTS audit_by_time ON audit (time_ns);
 CREATE INDEX IF NOT EXISTS audit_by_kind ON audit (kind, status, time_ns);
 """
+_RUNG_COLUMNS = ("policy, rung, kind, status, incident, dry_run, undo, applied_ns, attempts, "
+                 "retry_ns, spec, target, last_ns")
 
 
 @dataclass
@@ -72,11 +75,12 @@ class RungState:
     incident: str
     dry_run: bool
     undo: dict[str, Any]
-    applied_ns: int
+    applied_ns: int  # the first attempt: the next rung's `after` runs from here
     attempts: int = 1
     retry_ns: int = 0
     spec: dict[str, Any] | None = None  # the step as configured, to undo it even if the policy
     target: str = ""  # file changed since
+    last_ns: int = 0  # the latest attempt (a retry, a repeat); `repeat` runs from here
 
 
 @dataclass
@@ -96,6 +100,15 @@ class AuditEntry:
     id: int | None = None
 
 
+def _plain(value: Any) -> Any:
+    """What a step's undo data holds beyond JSON (a set, a path, a time), as JSON can keep it:
+    a rung applied for real is recorded in force whatever it returned, never lost (and so
+    applied again on the next tick)."""
+    if isinstance(value, set | frozenset):
+        return list(value)
+    return str(value)
+
+
 class Ledger:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -107,26 +120,33 @@ class Ledger:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA busy_timeout=5000")
             self._conn.executescript(_SCHEMA)
+            columns = {row[1] for row in self._conn.execute("PRAGMA table_info(rungs)")}
+            if "last_ns" not in columns:  # a ledger from before repeats were timed apart
+                self._conn.execute("ALTER TABLE rungs ADD COLUMN last_ns INTEGER NOT NULL "
+                                   "DEFAULT 0")
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"{self.path}: cannot open the actuator ledger: {exc}") from exc
 
     # -- rungs in force --------------------------------------------------------------------
 
     def rungs(self, policy: str | None = None) -> list[RungState]:
-        query = "SELECT * FROM rungs" + (" WHERE policy = ?" if policy else "")
+        query = f"SELECT {_RUNG_COLUMNS} FROM rungs" + (" WHERE policy = ?" if policy else "")
         with self._lock:
             rows = self._conn.execute(query + " ORDER BY policy, rung",
                                       (policy,) if policy else ()).fetchall()
         return [RungState(r[0], r[1], r[2], r[3], r[4], bool(r[5]), json.loads(r[6]), r[7], r[8],
-                          r[9], json.loads(r[10]), r[11]) for r in rows]
+                          r[9], json.loads(r[10]), r[11], r[12]) for r in rows]
 
     def put(self, state: RungState) -> None:
         with self._lock:
             self._conn.execute(
-                "INSERT OR REPLACE INTO rungs VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT OR REPLACE INTO rungs ({_RUNG_COLUMNS}) VALUES "
+                "(?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (state.policy, state.rung, state.kind, state.status, state.incident,
-                 int(state.dry_run), json.dumps(state.undo), state.applied_ns, state.attempts,
-                 state.retry_ns, json.dumps(state.spec or {}), state.target))
+                 int(state.dry_run), json.dumps(state.undo, default=_plain), state.applied_ns,
+                 state.attempts, state.retry_ns, json.dumps(state.spec or {}, default=_plain),
+                 state.target,
+                 state.last_ns or state.applied_ns))
 
     def remove(self, policy: str, rung: int) -> None:
         with self._lock:

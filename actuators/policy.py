@@ -182,24 +182,42 @@ def load_policy_file(path: Path, validate_step: Any = None) -> list[Policy]:
 
 
 class PolicySet:
-    """The active policies, reloaded per file; a broken file keeps its last good policies."""
+    """The active policies, reloaded per file; a broken file keeps its last good policies.
+
+    `reload` runs on the agent's loop; readers on other threads (the API, /readyz) get
+    immutable snapshots through `get`, `names` and `errors`, as with RuleSet.
+    """
 
     def __init__(self, paths: list[str], validate_step: Any = None) -> None:
         self.paths = paths
         self.validate_step = validate_step
         self.by_file: dict[str, list[Policy]] = {}
-        self.errors: dict[str, str] = {}
+        self._file_errors: dict[str, str] = {}
         self._mtimes: dict[str, float] = {}
+        self._active: tuple[Policy, ...] = ()
+        self._errors: dict[str, str] = {}
+        self._unlisted: set[str] = set()  # configured paths that could not be listed
+
+    @property
+    def errors(self) -> dict[str, str]:
+        return dict(self._errors)
 
     def files(self) -> list[Path]:
         found: list[Path] = []
         for entry in self.paths:
             path = Path(entry)
-            if path.is_dir():
-                found.extend(sorted(p for p in path.iterdir()
-                                    if p.suffix in (".yaml", ".yml") and p.is_file()))
-            elif path.exists():
-                found.append(path)
+            try:
+                if path.is_dir():
+                    found.extend(sorted(p for p in path.iterdir()
+                                        if p.suffix in (".yaml", ".yml") and p.is_file()))
+                elif path.exists():
+                    found.append(path)
+            except OSError as exc:  # listed next time; its policies stay meanwhile
+                self._file_errors[entry] = f"{entry}: cannot list: {exc.strerror}"
+                self._unlisted.add(entry)
+            else:
+                self._file_errors.pop(entry, None)
+                self._unlisted.discard(entry)
         return found
 
     def reload(self) -> bool:
@@ -217,19 +235,34 @@ class PolicySet:
             self._mtimes[key] = mtime
             try:
                 self.by_file[key] = load_policy_file(path, self.validate_step)
-                self.errors.pop(key, None)
+                self._file_errors.pop(key, None)
             except PolicyFileError as exc:
-                self.errors[key] = str(exc)
+                self._file_errors[key] = str(exc)
+
+        def gone(key: str) -> bool:  # removed from a directory that is still there
+            if key in present or any(key == u or key.startswith(u.rstrip("/") + "/")
+                                     for u in self._unlisted):
+                return False
+            try:
+                return Path(key).parent.exists()
+            except OSError:
+                return False
+
         for key in list(self.by_file):
-            if key not in present and Path(key).parent.exists():
-                del self.by_file[key]  # removed from a directory that is still there
-                self._mtimes.pop(key, None)
+            if gone(key):
+                del self.by_file[key]
+        for key in list(self._mtimes):
+            if gone(key):
+                del self._mtimes[key]
+                self._file_errors.pop(key, None)  # a broken file removed: nothing is wrong
         duplicates = self._duplicates()
         if duplicates:
-            self.errors["(all files)"] = duplicates
+            self._file_errors["(all files)"] = duplicates
         else:
-            self.errors.pop("(all files)", None)
-        return not self.errors
+            self._file_errors.pop("(all files)", None)
+        self._active = tuple(p for policies in self.by_file.values() for p in policies)
+        self._errors = dict(self._file_errors)
+        return not self._errors
 
     def _duplicates(self) -> str:
         seen: dict[str, str] = {}
@@ -244,15 +277,14 @@ class PolicySet:
         return "\n".join(problems)
 
     def get(self, name: str) -> Policy | None:
-        for policies in self.by_file.values():
-            for policy in policies:
-                if policy.name == name:
-                    return policy
+        for policy in self._active:
+            if policy.name == name:
+                return policy
         return None
 
     @property
     def names(self) -> list[str]:
-        return [p.name for policies in self.by_file.values() for p in policies]
+        return [p.name for p in self._active]
 
 
 StepSpec.model_rebuild()

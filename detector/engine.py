@@ -167,12 +167,12 @@ class Engine:
         for key in list(self.status):
             if key not in keys:
                 del self.status[key]
-        for key in [k for k in self._detectors if k[0].split("#", 1)[0] not in keys]:
+        for key in [k for k in self._detectors if _rule_of(k[0]) not in keys]:
             del self._detectors[key]
             self._history.pop(key, None)
-        for key in [k for k in self._batches if k.split("#", 1)[0] not in keys]:
+        for key in [k for k in self._batches if _rule_of(k) not in keys]:
             del self._batches[key]
-        for key in [k for k in self._history if k[0].split("#", 1)[0] not in keys]:
+        for key in [k for k in self._history if _rule_of(k[0]) not in keys]:
             del self._history[key]
 
     def _values(self, rule: LoadedRule, now_ns: int, spec: Any = None) -> dict[SeriesKey, float]:
@@ -230,8 +230,13 @@ class Engine:
         try:
             results = self._guarded(rule, run, now_ns)
         except Exception:
-            for key, _, _ in jobs:
-                self._batches.pop(key, None)  # a batch may have been left half-updated
+            # A batch, or a series' detector, may have been left half-updated, and a worker cut
+            # off at its deadline may still be updating them: start those signals afresh.
+            signals = {key for key, _, _ in jobs}
+            for key in signals:
+                self._batches.pop(key, None)
+            for stale in [k for k in self._detectors if k[0] in signals]:
+                del self._detectors[stale]
             raise
         judged_all: list[_Judged] = []
         failures: list[str] = []
@@ -252,6 +257,14 @@ class Engine:
         # Only series that crossed, have an alert, or count evaluations can change state: the
         # thousands that are quiet are not stepped one by one.
         counting = {s for (k, s) in self._history if k == rule.key}
+        if counting and (rule.spec.for_evaluations is None or not counting <= main.inputs.keys()):
+            # Counts of a rule that no longer counts, or of series gone from the data (their
+            # detector, and with it their history, may have been dropped with a batch rebuilt
+            # for new parameters): forget them, as the per-series path always did.
+            for series in list(counting):
+                if rule.spec.for_evaluations is None or series not in main.inputs:
+                    del self._history[(rule.key, series)]
+                    counting.discard(series)
         for series in (main.crossed if holds else set()) | open_series | counting:
             verdict = main.verdict(series)
             if jobs[1:]:
@@ -264,13 +277,19 @@ class Engine:
         """How one signal of a rule is judged this tick: by its batch (one numpy call for every
         series) when the detector type offers one, else by one detector per series."""
         if self.batches and self.registry.batch_type(spec.detector) is not None:
+            # numpy is imported here, on the engine's thread: its first import (~0.2 s, much
+            # more on a busy node) inside the worker's deadline got rules cut off at start-up
+            import numpy  # noqa: F401
             slots = self._batches.get(key)
             if slots is None or (slots.spec is not spec and slots.spec != spec):
                 slots = _Slots(spec)
+                for stale in [k for k in self._detectors if k[0] == key]:
+                    del self._detectors[stale]  # per-series detectors of an earlier type
             gone = slots.arrange(inputs)
             for series in gone:
                 self._history.pop((key, series), None)
             return _Batch(key, spec, inputs, slots)
+        self._batches.pop(key, None)  # a batch of an earlier detector type
         known = {s: self._detectors.get((key, s)) for s in inputs}
         build = {s for s, entry in known.items()
                  if entry is None or (entry[0] is not spec and entry[0] != spec)}
@@ -628,6 +647,15 @@ def _annotate(incident: Incident, rule: LoadedRule, value: float | None,
     incident.summary = incident.annotations.get("summary") or (
         f"{spec.alert}: {spec.field} of {spec.expr} = {value} against {threshold}"
     )
+
+
+_CONDITION_SUFFIX = re.compile(r"#and\d+$")
+
+
+def _rule_of(signal_key: str) -> str:
+    """The rule key of a signal key: `group/alert`, or `group/alert#andN` for a compound rule's
+    condition. Only that suffix is taken off: a group name may itself contain `#`."""
+    return _CONDITION_SUFFIX.sub("", signal_key)
 
 
 def fingerprint(rule_key: str, series: SeriesKey) -> str:

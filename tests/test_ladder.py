@@ -51,6 +51,8 @@ CALLS: list[tuple[str, str, bool]] = []
 class Mark:
     kind: ClassVar[str] = "mark"
     fail_times: ClassVar[int] = 0
+    fail_name: ClassVar[str] = "second"
+    undo_fail_times: ClassVar[int] = 0
 
     def __init__(self, params: dict[str, Any], env: ActuatorEnv) -> None:
         if set(params) - {"name"}:
@@ -61,7 +63,7 @@ class Mark:
         return None
 
     def apply(self, ctx: StepContext) -> StepResult:
-        if Mark.fail_times and self.name == "second":
+        if Mark.fail_times and self.name == Mark.fail_name:
             Mark.fail_times -= 1
             raise ConnectionError("API server unreachable")
         CALLS.append(("apply", self.name, ctx.dry_run))
@@ -71,6 +73,9 @@ class Mark:
 
     def undo(self, ctx: StepContext, undo: dict[str, Any]) -> StepResult:
         assert undo == {"was": f"before-{self.name}"}  # what apply recorded comes back
+        if Mark.undo_fail_times:
+            Mark.undo_fail_times -= 1
+            raise ConnectionError("API server unreachable")
         CALLS.append(("undo", self.name, ctx.dry_run))
         return StepResult(PROPOSED if ctx.dry_run else DONE, f"node/{ctx.node}", "restored")
 
@@ -89,8 +94,25 @@ class LeverB(Mark):
         self.name = "cpuset"
 
 
+class Untidy(Mark):
+    """A step that breaks the contract: its undo data is not JSON (a set)."""
+
+    kind: ClassVar[str] = "untidy"
+
+    def __init__(self, params: dict[str, Any], env: ActuatorEnv) -> None:
+        self.name = "untidy"
+
+    def apply(self, ctx: StepContext) -> StepResult:
+        CALLS.append(("apply", self.name, ctx.dry_run))
+        return StepResult(DONE, f"node/{ctx.node}", "applied", {"pids": {1, 2}})
+
+    def undo(self, ctx: StepContext, undo: dict[str, Any]) -> StepResult:
+        CALLS.append(("undo", self.name, ctx.dry_run))
+        return StepResult(DONE, f"node/{ctx.node}", "restored")
+
+
 KINDS = {"mark": f"{__name__}:Mark", "lever_a": f"{__name__}:LeverA",
-         "lever_b": f"{__name__}:LeverB"}
+         "lever_b": f"{__name__}:LeverB", "untidy": f"{__name__}:Untidy"}
 
 
 class Harness:
@@ -139,6 +161,8 @@ class Harness:
 def _clean():
     CALLS.clear()
     Mark.fail_times = 0
+    Mark.fail_name = "second"
+    Mark.undo_fail_times = 0
 
 
 def test_climbs_one_rung_per_hold_and_descends_in_reverse(tmp_path):
@@ -356,3 +380,238 @@ def test_policies_check_cli(tmp_path, sloguard_bin):
     assert result.returncode == 1
     assert f"{bad}:5:9: policies.0.steps.0.params: taint must be one of" in result.stderr
     assert f"{bad}:6:9: policies.0.steps.1.step: unknown step 'evictt'" in result.stderr
+
+
+REPEATING = """\
+policies:
+  - name: guard
+    undo_hold: 10s
+    stale_after: 5s
+    steps:
+      - step: mark
+        params: {name: first}
+        repeat: 5s
+      - step: mark
+        after: 12s
+        params: {name: second}
+"""
+
+
+def test_a_repeating_rung_does_not_hold_back_the_next_one(tmp_path):
+    """`after` runs from the rung's first application: re-notifying every 5 s must not keep
+    the 12 s hold before the next rung from ever ending."""
+    h = Harness(tmp_path, REPEATING)
+    incident = h.incident(0)
+    for second in (0, 5, 10, 12):
+        h.tick(second, [incident])
+    assert [c[1] for c in CALLS] == ["first", "first", "first", "second"]
+
+
+def test_a_failed_repeat_leaves_the_rung_in_force_and_it_is_still_undone(tmp_path):
+    """A repeat that fails (or finds nothing to do) must not replace the rung's record: the
+    first application is still in force, and must be undone with what it recorded."""
+    h = Harness(tmp_path, REPEATING)
+    Mark.fail_name = "first"
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    Mark.fail_times = 1
+    h.tick(5, [incident])  # the repeat fails
+    [row] = h.ledger.rungs()
+    assert row.status == DONE and row.undo == {"was": "before-first"}
+    h.tick(6, [])  # recovered
+    assert CALLS[-1] == ("undo", "first", False)
+    assert h.ledger.rungs() == []
+
+
+def test_a_failed_rung_is_retried_only_on_fresh_evidence_and_keeps_its_clock(tmp_path):
+    """Retrying a failed step is applying it: past cordon, stale evidence holds it like any
+    other escalation. And the next rung's `after` runs from the first attempt, however many
+    retries there were."""
+    h = Harness(tmp_path, POLICY.replace("      - step: suppress\n        after: 5s",
+                                         "      - step: suppress\n        after: 8s"))
+    Mark.fail_times = 1
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    h.tick(10, [incident])  # "second" fails; retried from 15 s
+    h.tick(16, [incident], fresh=False)  # no value for 6 s (stale_after: 5 s)
+    assert ("apply", "second", False) not in CALLS
+    h.tick(17, [incident])
+    assert CALLS[-1] == ("apply", "second", False)
+    h.tick(18, [incident])  # 8 s after the first attempt at "second"
+    assert CALLS[-1] == ("apply", "cpu_idle", False)
+
+
+def test_an_undo_retried_after_a_failure_gets_what_apply_recorded(tmp_path):
+    h = Harness(tmp_path)
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    Mark.undo_fail_times = 1
+    h.tick(1, [])  # the undo fails: retried after a backoff
+    assert [r.kind for r in h.ledger.rungs()] == ["mark"]
+    h.tick(7, [])
+    assert CALLS[-1] == ("undo", "first", False)  # Mark.undo checks the data it is given
+    assert h.ledger.rungs() == []
+
+
+def test_the_error_of_an_unknown_policy_ends_with_its_incidents(tmp_path):
+    h = Harness(tmp_path)
+    incident = h.incident(0, policy="missing")
+    h.tick(0, [incident])
+    assert "not loaded" in h.ladder.errors["missing"]
+    h.tick(1, [])
+    assert h.ladder.errors == {}
+
+
+def test_a_ledger_from_before_last_ns_opens_and_keeps_its_rungs(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "actuators.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE rungs (policy TEXT NOT NULL, rung INTEGER NOT NULL, kind TEXT "
+                     "NOT NULL, status TEXT NOT NULL, incident TEXT NOT NULL, dry_run INTEGER "
+                     "NOT NULL, undo TEXT NOT NULL, applied_ns INTEGER NOT NULL, attempts "
+                     "INTEGER NOT NULL DEFAULT 1, retry_ns INTEGER NOT NULL DEFAULT 0, spec TEXT "
+                     "NOT NULL, target TEXT NOT NULL, PRIMARY KEY (policy, rung))")
+        conn.execute("INSERT INTO rungs VALUES ('guard', 0, 'mark', 'done', 'inc-1', 0, "
+                     "'{\"was\": \"before-first\"}', 5, 1, 0, '{\"step\": \"mark\"}', 'node/a')")
+    [row] = Ledger(path).rungs()
+    assert (row.kind, row.applied_ns, row.last_ns, row.undo) == (
+        "mark", 5, 0, {"was": "before-first"})
+
+
+def test_policies_can_be_read_from_other_threads_while_files_change(tmp_path):
+    """The API (/api/policies, /readyz) reads the policies on uvicorn's threads while the
+    agent's loop reloads them: a policy file added or removed meanwhile must not fail those
+    reads with 'dictionary changed size during iteration'."""
+    import os
+    import sys
+    import threading
+
+    directory = tmp_path / "policies"
+    directory.mkdir()
+    for i in range(20):
+        (directory / f"p{i}.yaml").write_text(
+            f"policies:\n  - name: g{i}\n    steps:\n      - step: mark\n")
+    factory = StepFactory(ActuatorEnv("n", Ledger(tmp_path / "l.db")), KINDS)
+    policies = PolicySet([str(directory)], validate_step=factory.check)
+    assert policies.reload()
+    stop = threading.Event()
+
+    def churn() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            extra, broken = directory / "x.yaml", directory / "y.yaml"
+            if n % 2:
+                extra.write_text(f"policies:\n  - name: x{n}\n    steps:\n      - step: mark\n")
+                broken.write_text("policies:\n  - name: y\n    steps:\n      - step: nope\n")
+                os.utime(extra, (n, n))
+                os.utime(broken, (n, n))
+            else:
+                extra.unlink()
+                broken.unlink()
+            policies.reload()
+
+    failures = []
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can: races show up
+    writer = threading.Thread(target=churn)
+    writer.start()
+    try:
+        for _ in range(20_000):
+            try:
+                assert policies.get("g3") is not None and "g19" in policies.names
+                {**policies.errors}  # noqa: B018 - what /readyz does
+            except RuntimeError as exc:
+                failures.append(exc)
+    finally:
+        stop.set()
+        writer.join()
+        sys.setswitchinterval(switch)
+    assert failures == []
+
+
+def test_removing_a_broken_policy_file_clears_its_error(tmp_path):
+    h = Harness(tmp_path)
+    broken = tmp_path / "policies" / "broken.yaml"
+    broken.write_text("policies: [ {name: other} ]\n")
+    assert not h.policies.reload() and str(broken) in h.policies.errors
+    broken.unlink()
+    assert h.policies.reload(), h.policies.errors  # nothing is wrong any more
+    assert h.policies.errors == {} and h.policies.get("guard") is not None
+
+
+def test_a_policy_path_that_cannot_be_listed_does_not_stop_detection(tmp_path):
+    """The agent reloads policies before rules on its loop: a policy path that cannot be
+    listed (here a name too long for the file system) once raised out of every tick, before
+    the engine evaluated anything."""
+    from sloguard.agent import Agent
+    from sloguard.config import load_settings
+
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "r.yaml").write_text(
+        "groups:\n  - name: ls\n    rules:\n      - alert: LSSlow\n        expr: lat\n"
+        "        field: p99\n        params: {above: 10}\n")
+    unlistable = tmp_path / ("x" * 300)
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"node_name: n\ndata_dir: {tmp_path / 'data'}\nrules:\n  paths: [{tmp_path / 'rules'}]\n"
+        f"actuators:\n  policies: [{unlistable}]\n"
+        "collectors:\n  node: {enabled: false}\n  cgroups: {enabled: false}\n")
+    agent = Agent(load_settings(config).settings)
+    try:
+        agent.tick(T0)
+        assert agent.engine.status["ls/LSSlow"].evaluations == 1
+        assert "cannot list" in agent.policies.errors[str(unlistable)]
+    finally:
+        agent.store.close()
+        agent.incidents.close()
+        agent.ledger.close()
+
+
+def test_a_step_with_untidy_undo_data_is_recorded_once_and_other_policies_go_on(tmp_path):
+    """A step applied for real must be recorded as in force whatever it returns, or the
+    next tick applies it again (and again); and one policy's trouble must not keep the
+    ladder from the policies after it."""
+    h = Harness(tmp_path, POLICY + "  - name: aaa\n    steps:\n      - step: untidy\n")
+    first = h.incident(0, policy="aaa")
+    second = Incident("inc-2", "g", "LSSlow", "ls", "critical", "node-a", FIRING, {"pod": "x"},
+                      T0, T0, fired_ns=T0, policy="guard")
+    h.incidents.save(second)
+    h.made.append(second)
+    for tick in range(3):
+        h.tick(tick, [first, second])
+    assert CALLS == [("apply", "untidy", False), ("apply", "first", False)]
+    assert [(r.policy, r.kind) for r in h.ledger.rungs()] == [("aaa", "untidy"),
+                                                             ("guard", "mark")]
+    h.tick(3, [])
+    assert ("undo", "untidy", False) in CALLS and ("undo", "first", False) in CALLS
+
+
+def test_a_policy_whose_rung_cannot_be_undone_does_not_stop_the_others(tmp_path):
+    """A rung recorded by another version of the agent (a step field this one does not know)
+    cannot be undone here; the ladder reports it on its policy and goes on with the rest."""
+    from sloguard.actuators.ledger import RungState
+
+    h = Harness(tmp_path)
+    h.ledger.put(RungState("aaa", 0, "mark", DONE, "inc-0", False, {"was": "before-x"}, T0,
+                           spec={"step": "mark", "params": {"name": "x"}, "jitter": "5s"}))
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    assert CALLS == [("apply", "first", False)]
+    assert "aaa" in h.ladder.errors and "jitter" in h.ladder.errors["aaa"]
+
+
+def test_a_successful_repeat_records_what_the_step_now_says_is_in_force(tmp_path):
+    """A step whose repeat acts again (reduce_capacity after its value was rewritten) returns
+    the undo data that now holds; the rung is undone with that, not the first one."""
+    h = Harness(tmp_path, REPEATING)
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    [row] = h.ledger.rungs()
+    row.undo = {"was": "stale"}  # as if the first application had recorded something else
+    h.ledger.put(row)
+    h.tick(5, [incident])  # the repeat records {"was": "before-first"} again
+    assert h.ledger.rungs()[0].undo == {"was": "before-first"}
+    h.tick(6, [])
+    assert CALLS[-1] == ("undo", "first", False)  # Mark.undo checks the data it is given

@@ -654,3 +654,166 @@ def test_batch_path_gives_the_incidents_of_the_per_series_path(tmp_path):
     assert len(batched) == len(one_by_one)
     for mine, theirs in zip(batched, one_by_one, strict=True):
         assert mine == theirs
+
+
+def _edit_rules(h, text: str, stamp: int) -> None:
+    path = h.tmp / "rules" / "r.yaml"
+    path.write_text(text)
+    os.utime(path, (stamp, stamp))
+    assert h.rules.reload(), h.rules.errors
+
+
+COUNTED = RULES.replace("for: 2s", "for: 0s\n        for_evaluations: {crossed: 2, of: 10}"
+                        ).replace("recover_for: 2s", "recover_for: 0s")
+
+
+@pytest.mark.parametrize("batches", [True, False])
+def test_a_counted_series_that_went_away_across_a_rule_edit_does_not_break_the_rule(
+        tmp_path, batches):
+    """A series still counting evaluations after its alert resolved, gone from the data
+    when the rule's parameters change, is simply forgotten (the batch path once looked it
+    up in the new batch and failed the rule with KeyError, tick after tick)."""
+    h = _Harness(tmp_path, COUNTED, batches=batches)
+    h.at(0, 30.0)
+    h.at(1, 30.0)
+    assert h.all()[0].state == FIRING
+    h.at(2, 1.0)
+    assert h.all()[0].state == RESOLVED  # its history still holds two crossings
+    h.at(3, 1.0, pod="web-2")
+    h.at(5, 1.0, pod="web-2")  # web-1's last value is still in the 3 s window
+    _edit_rules(h, COUNTED.replace("above: 10", "above: 11"), 6)
+    h.at(6, 1.0, pod="web-2")  # and now it is not, as the parameters change
+    h.at(7, 50.0, pod="web-2")
+    assert h.engine.status["ls/LSSlow"].error == ""
+    assert {(i.series["pod"], i.state) for i in h.all()} == {
+        ("web-1", RESOLVED), ("web-2", PENDING)}
+
+
+def test_history_of_a_rule_that_stops_counting_is_not_revived_later(tmp_path):
+    """Crossings counted before `for_evaluations` was taken off a rule must not count when
+    it is put back an hour later."""
+    text = RULES.replace("for: 2s", "for: 0s\n        for_evaluations: {crossed: 2, of: 5}")
+    h = _Harness(tmp_path, text)
+    h.at(0, 30.0)
+    assert h.all()[0].state == PENDING
+    _edit_rules(h, RULES.replace("for: 2s", "for: 0s"), 1)
+    for second in range(1, 5):
+        h.at(second, 1.0)  # quiet: the pending alert is cancelled
+    assert h.all() == []
+    _edit_rules(h, text, 3600)
+    h.at(3600, 30.0)  # one crossing of the last five: pending, not firing
+    assert [i.state for i in h.all()] == [PENDING]
+
+
+@pytest.mark.parametrize("batches", [True, False])
+def test_a_hash_in_the_group_name_keeps_detector_state(tmp_path, batches):
+    """Rule keys are `group/alert`; only a compound rule's own `#andN` suffix may be taken
+    off them. A group named with a `#` once had its detectors and its for_evaluations
+    history dropped after every evaluation."""
+    text = RULES.replace("name: ls", "name: ls#canary").replace(
+        "for: 2s", "for: 0s\n        for_evaluations: {crossed: 3, of: 5}")
+    h = _Harness(tmp_path, text, batches=batches)
+    for second, value in enumerate([30, 1, 30, 1]):
+        h.at(second, float(value))
+    assert h.all()[0].state == PENDING
+    h.at(4, 30.0)
+    assert h.all()[0].state == FIRING
+
+
+def test_an_abandoned_worker_never_shares_a_detector_with_the_retried_rule(tmp_path):
+    """A rule cut off at its deadline leaves its worker running on; when the rule is tried
+    again, its detectors must not be the ones that worker may still be updating."""
+    import threading
+
+    from sloguard.detector.engine import HUNG_BACKOFF_S
+
+    release = threading.Event()
+    overlaps: list[str] = []
+
+    class Exclusive:
+        name = "exclusive"
+        block = False
+
+        def __init__(self, params):
+            self.inner = Threshold({"above": 10, "recover_below": 5})
+            self.busy = False
+
+        def update(self, value, time_ns):
+            if self.busy:
+                overlaps.append("two threads updated one detector at once")
+            self.busy = True
+            try:
+                if Exclusive.block:
+                    release.wait(5)
+                return self.inner.update(value, time_ns)
+            finally:
+                self.busy = False
+
+    class Plugin:
+        @hookimpl
+        def sloguard_detectors(self):
+            return [Exclusive]
+
+    text = RULES.replace("        params: {above: 10, recover_below: 5}\n",
+                         "        detector: exclusive\n")
+    h = _Harness(tmp_path, text, registry=DetectorRegistry(plugins=[Plugin()]), timeout_s=0.2)
+    try:
+        h.at(0, 30.0)
+        Exclusive.block = True
+        h.at(1, 30.0)  # cut off: its worker waits inside update
+        assert "longer than 0.2s" in h.engine.status["ls/LSSlow"].error
+        Exclusive.block = False
+        h.at(2 + int(HUNG_BACKOFF_S), 30.0)  # tried again while that worker still waits
+    finally:
+        release.set()
+    assert overlaps == []
+    assert h.engine.status["ls/LSSlow"].error == ""
+
+
+def test_the_batch_path_imports_numpy_outside_the_detector_deadline(tmp_path):
+    """Importing numpy takes ~0.2 s, far more on a node busy with the very interference being
+    watched; inside the worker's deadline (1 s) it once got the shipped threshold rules cut
+    off and skipped for a minute at start-up. It is imported on the engine's own thread."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "first_tick.py"
+    script.write_text(textwrap.dedent(f"""\
+        import sys, threading
+        from pathlib import Path
+
+        from sloguard.actuators.dryrun import DryRunActuator
+        from sloguard.detector.engine import Engine
+        from sloguard.detector.recent import RecentWindows
+        from sloguard.detector.rules import RuleSet
+        from sloguard.samples import Sample
+        from sloguard.store.incidents_db import IncidentStore
+
+        importers = []
+
+        class Watch:
+            def find_spec(self, name, path=None, target=None):
+                if name == "numpy":
+                    importers.append(threading.current_thread().name)
+                return None
+
+        tmp = Path({str(tmp_path)!r})
+        (tmp / "rules").mkdir()
+        (tmp / "rules" / "r.yaml").write_text({RULES!r})
+        rules = RuleSet([str(tmp / "rules")])
+        rules.reload()
+        windows = RecentWindows()
+        engine = Engine(windows, IncidentStore(tmp / "i.db"), rules, "node-a",
+                        DryRunActuator("node-a"))
+        engine.sync_windows(None, {T0})
+        assert "numpy" not in sys.modules, "imported before the first evaluation"
+        sys.meta_path.insert(0, Watch())
+        windows.add([Sample("lat", {{"class": "LS", "pod": "w"}}, {{"p99": 30.0}}, {T0})])
+        engine.evaluate({T0})
+        assert engine.status["ls/LSSlow"].error == "", engine.status["ls/LSSlow"].error
+        print(importers)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['MainThread']"
