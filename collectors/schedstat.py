@@ -78,6 +78,7 @@ class SchedstatCollector:
         waited: dict[str, int] = defaultdict(int)
         slices: dict[str, int] = defaultdict(int)
         tasks: dict[str, int] = defaultdict(int)
+        measured: dict[str, int] = defaultdict(int)  # threads seen at the previous tick too
         for rel in self.attribution.paths():
             path = self._tasks_file(rel)
             data = _read(path) if path else None
@@ -97,6 +98,7 @@ class SchedstatCollector:
                 if prev is None or parsed[0] < prev[0] or parsed[1] < prev[1]:
                     continue
                 for target in charged:
+                    measured[target] += 1
                     waited[target] += parsed[0] - prev[0]
                     slices[target] += parsed[1] - prev[1]
         self._prev, self._prev_mono = current, mono
@@ -105,6 +107,8 @@ class SchedstatCollector:
             return []
         samples = []
         for rel, count in tasks.items():
+            if not measured.get(rel):
+                continue  # only new threads: nothing measured yet, which is not "no wait"
             wait_ns, n = waited.get(rel, 0), slices.get(rel, 0)
             fields = {
                 "wait_rate": wait_ns / 1e9 / elapsed,
