@@ -1,11 +1,13 @@
-"""Read-and-clear of a BPF hash map, once per interval, without losing what arrives meanwhile.
+"""Read-and-clear of a BPF hash map by its file descriptor, once per interval.
+
+The agent never imports BCC (its LLVM costs ~100 MB of RSS, see collectors/ebpf_loader.py):
+it holds the maps' file descriptors and talks to them with the bpf(2) syscall directly.
 
 Reading every key and then deleting it would drop the events counted between the two steps;
 BPF_MAP_LOOKUP_AND_DELETE_BATCH (kernel >= 5.6) copies and removes each bucket under its lock.
-BCC 0.26's own wrapper (Table.items_lookup_and_delete_batch) passes one variable as both the
-input and output batch token, and allocates arrays of the map's maximum size on every call, so
-this module drives the syscall itself with fixed buffers. Keys and values come back as raw
-bytes and are decoded with `struct`, which is several times faster than ctypes structures.
+Kernels without it get the per-key walk (GET_NEXT_KEY, LOOKUP, DELETE), which can lose the
+increments that land between a key's lookup and its delete. Keys and values come back as raw
+bytes and are decoded with `struct`.
 """
 
 from __future__ import annotations
@@ -13,31 +15,52 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import platform
 import struct
-from typing import Any
 
 _CHUNK = 4096  # entries per syscall; a hash bucket never holds more than this many
+_BPF_NR = {"x86_64": 321, "aarch64": 280}
+BPF_MAP_LOOKUP_ELEM, BPF_MAP_DELETE_ELEM, BPF_MAP_GET_NEXT_KEY = 1, 3, 4
+BPF_MAP_LOOKUP_AND_DELETE_BATCH = 25
+# union bpf_attr, the `batch` member (linux/bpf.h): in_batch, out_batch, keys, values,
+# count (u32, written back by the kernel), map_fd (u32), elem_flags, flags.
+_BATCH_ATTR = struct.Struct("=QQQQIIQQ")
+_BATCH_COUNT_OFFSET = 32
+# union bpf_attr, the element member: map_fd, key, value (or next_key), flags.
+_ELEM_ATTR = struct.Struct("=I4xQQQ")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def bpf(cmd: int, attr: ctypes.Array) -> int:
+    """The bpf(2) syscall; raises OSError with the kernel's errno."""
+    nr = _BPF_NR.get(platform.machine())
+    if nr is None:
+        raise OSError(errno.ENOSYS, f"bpf(2): unknown syscall number on {platform.machine()}")
+    res = _libc.syscall(ctypes.c_long(nr), ctypes.c_int(cmd), attr,
+                        ctypes.c_uint(ctypes.sizeof(attr)))
+    if res < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"bpf({cmd}): {os.strerror(err)}")
+    return res
+
+
+def _addr(buf: ctypes.Array) -> int:
+    return ctypes.addressof(buf)
 
 
 class MapDrainer:
-    """Drains one BCC table of fixed-size keys into (key tuple, u64 value) pairs."""
+    """Drains one BPF hash map of fixed-size keys and u64 values into (key tuple, value)."""
 
-    def __init__(self, table: Any, key_format: str, chunk: int = _CHUNK) -> None:
-        from bcc.libbcc import lib  # imported here: only machines with BCC get this far
-
-        self._lib = lib
-        self._table = table
-        self._fd = table.map_fd
+    def __init__(self, map_fd: int, key_format: str, chunk: int = _CHUNK) -> None:
+        self.fd = map_fd
         self._key = struct.Struct(key_format)
-        key_size = ctypes.sizeof(table.Key)
-        if key_size != self._key.size:
-            raise ValueError(f"key layout {key_format!r} is {self._key.size} bytes, "
-                             f"the map's key is {key_size}")
-        if ctypes.sizeof(table.Leaf) != 8:
-            raise ValueError("histogram values must be u64")
         self._chunk = chunk
         self._keys = ctypes.create_string_buffer(self._key.size * chunk)
         self._values = ctypes.create_string_buffer(8 * chunk)
+        self._tokens = ctypes.create_string_buffer(16)  # in_batch, out_batch
+        self._attr = ctypes.create_string_buffer(_BATCH_ATTR.size)
         self.batch = True  # falls back to per-key reads on kernels without batch operations
 
     def drain(self) -> list[tuple[tuple[int, ...], int]]:
@@ -53,37 +76,59 @@ class MapDrainer:
 
     def _drain_batch(self) -> list[tuple[tuple[int, ...], int]]:
         out: list[tuple[tuple[int, ...], int]] = []
-        token_in, token_out = ctypes.c_uint32(0), ctypes.c_uint32(0)
-        first = True
-        unpack_keys = self._key.iter_unpack
         key_size = self._key.size
+        tokens = _addr(self._tokens)
+        first = True
         while True:
-            count = ctypes.c_uint32(self._chunk)
-            ctypes.set_errno(0)
-            res = self._lib.bpf_lookup_and_delete_batch(
-                self._fd, None if first else ctypes.byref(token_in), ctypes.byref(token_out),
-                self._keys, self._values, ctypes.byref(count))
-            err = ctypes.get_errno() or (-res if res < 0 else 0)
-            n = count.value
+            _BATCH_ATTR.pack_into(
+                self._attr, 0, 0 if first else tokens, tokens + 8, _addr(self._keys),
+                _addr(self._values), self._chunk, self.fd, 0, 0)
+            try:
+                bpf(BPF_MAP_LOOKUP_AND_DELETE_BATCH, self._attr)
+                done = False
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:  # ENOENT: the whole map has been walked
+                    raise
+                done = True
+            (n,) = struct.unpack_from("=I", self._attr, _BATCH_COUNT_OFFSET)
             if n:
-                keys = unpack_keys(self._keys.raw[:n * key_size])
+                keys = self._key.iter_unpack(self._keys.raw[:n * key_size])
                 values = struct.unpack(f"={n}Q", self._values.raw[:n * 8])
                 out.extend(zip(keys, values, strict=True))
-            if res != 0:
-                if err == errno.ENOENT:  # the whole map has been walked
-                    return out
-                raise OSError(err, f"BPF_MAP_LOOKUP_AND_DELETE_BATCH: {os.strerror(err)}")
-            token_in.value = token_out.value
+            if done:
+                return out
+            ctypes.memmove(tokens, tokens + 8, 8)  # continue where the kernel stopped
             first = False
 
     def _drain_each(self) -> list[tuple[tuple[int, ...], int]]:
-        out = []
-        table = self._table
-        for key in list(table.keys()):
+        key_size = self._key.size
+        keys: list[bytes] = []
+        current = None
+        next_key = ctypes.create_string_buffer(key_size)
+        attr = ctypes.create_string_buffer(_ELEM_ATTR.size)
+        while True:
+            _ELEM_ATTR.pack_into(attr, 0, self.fd, _addr(current) if current else 0,
+                                 _addr(next_key), 0)
             try:
-                value = table[key].value
-                del table[key]
-            except KeyError:
-                continue
-            out.append((self._key.unpack(bytes(key)), value))
+                bpf(BPF_MAP_GET_NEXT_KEY, attr)
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:
+                    break
+                raise
+            keys.append(next_key.raw)
+            current = ctypes.create_string_buffer(next_key.raw, key_size)
+        out = []
+        value = ctypes.create_string_buffer(8)
+        for raw in keys:
+            key = ctypes.create_string_buffer(raw, key_size)
+            _ELEM_ATTR.pack_into(attr, 0, self.fd, _addr(key), _addr(value), 0)
+            try:
+                bpf(BPF_MAP_LOOKUP_ELEM, attr)
+                _ELEM_ATTR.pack_into(attr, 0, self.fd, _addr(key), 0, 0)  # no value: EINVAL
+                bpf(BPF_MAP_DELETE_ELEM, attr)
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:
+                    continue
+                raise
+            out.append((self._key.unpack(raw), struct.unpack("=Q", value.raw)[0]))
         return out

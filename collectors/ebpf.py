@@ -8,32 +8,31 @@ mean, sum and count per cgroup (collectors/log2hist.py explains the bucket error
 
 Loading needs root (or CAP_BPF + CAP_PERFMON), Debian's BCC and something to compile against:
 kernels like this lab's have no headers, so scripts/bcc-setup.sh builds a stand-in tree and
-the programs use only tracepoint arguments and BPF helpers (collectors/bpf/common.h). Any
-missing piece makes the collector report "eBPF unavailable: <reason>" instead of failing the
-agent; collectors/kernel_latency.py then falls back to procfs.
+the programs use only tracepoint arguments and BPF helpers (collectors/bpf/common.h). They
+are compiled in a child process that hands back only file descriptors, so the agent never
+carries LLVM (collectors/ebpf_loader.py). Any missing piece makes the collector report
+"eBPF unavailable: <reason>" instead of failing the agent; collectors/kernel_latency.py then
+falls back to procfs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
-import sys
-import tempfile
-import time
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
+from sloguard.collectors import ebpf_loader
 from sloguard.collectors.bpf_maps import MapDrainer
 from sloguard.collectors.cgroup_ids import CgroupAttribution
+from sloguard.collectors.ebpf_loader import LoadedFamily, LoaderError
 from sloguard.collectors.ebpf_programs import (
     FAMILIES,
     DeviceNames,
     Family,
     missing_tracepoints,
-    program_text,
     tracefs_root,
 )
 from sloguard.collectors.log2hist import Log2Histogram
@@ -78,60 +77,27 @@ def kernel_source(config: EbpfCollectorConfig) -> str | None:
     return None
 
 
-def import_bcc() -> Any:
+def bcc_problem() -> str | None:
+    """None when Debian's BCC can be imported (by the loader process), else why not. The agent
+    itself never imports it (collectors/ebpf_loader.py says why)."""
     try:
-        import bcc
-    except ImportError as exc:
-        raise EbpfUnavailable(
-            f"BCC is not installed for this Python ({exc}); install Debian's python3-bpfcc "
-            "and libbpfcc (scripts/bcc-setup.sh does, and links it into the venv)") from exc
-    except OSError as exc:  # the module is there but libbcc.so.0 is not
-        raise EbpfUnavailable(f"BCC cannot load libbcc: {exc}") from exc
-    return bcc
-
-
-class _Captured:
-    text = ""
-
-
-@contextlib.contextmanager
-def _output_captured() -> Iterator[_Captured]:
-    """BCC prints compiler errors (and "Unable to find kernel headers") from C++ to file
-    descriptors 1 and 2, where nobody reads them; catch them for /readyz and the log."""
-    captured = _Captured()
-    with tempfile.TemporaryFile() as tmp:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        saved = [os.dup(1), os.dup(2)]
-        os.dup2(tmp.fileno(), 1)
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield captured
-        finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
-            tmp.seek(0)
-            captured.text = tmp.read().decode(errors="replace")
-
-
-def _first_error(text: str) -> str:
-    """The line of BCC's output that says what went wrong (compiler errors come first)."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    for marker in ("error:", "fatal", "unable", "no such file", "error"):
-        for line in lines:
-            if marker in line.lower():
-                return line[:300]
-    return lines[0][:300] if lines else ""
+        spec = importlib.util.find_spec("bcc")
+    except (ImportError, ValueError) as exc:
+        spec, error = None, str(exc)
+    else:
+        error = "no module named 'bcc'"
+    if spec is None:
+        return (f"BCC is not installed for this Python ({error}); install Debian's "
+                "python3-bpfcc and libbpfcc (scripts/bcc-setup.sh does, and links it into the "
+                "venv)")
+    return None
 
 
 @dataclass
 class _Program:
     family: Family
-    bpf: Any
+    loaded: LoadedFamily
     drainer: MapDrainer
-    load_seconds: float
 
 
 @dataclass
@@ -176,17 +142,13 @@ class EbpfCollector:
             return
         try:
             self._check_environment()
-            bcc = import_bcc()
-        except EbpfUnavailable as exc:
+            self._load()
+        except (EbpfUnavailable, LoaderError, OSError) as exc:
             self.unavailable = str(exc)
             log.warning("eBPF unavailable: %s", exc)
             return
-        for family in self.wanted():
-            try:
-                self.programs.append(self._load(bcc, family))
-            except EbpfUnavailable as exc:
-                self.failed[family.name] = str(exc)
-                log.warning("eBPF %s unavailable: %s", family.name, exc)
+        for name, reason in self.failed.items():
+            log.warning("eBPF %s unavailable: %s", name, reason)
         if self.wanted() and not self.programs:
             self.unavailable = "; ".join(f"{k}: {v}" for k, v in self.failed.items())
         loaded = ", ".join(p.family.name for p in self.programs)
@@ -194,7 +156,7 @@ class EbpfCollector:
             log.info("eBPF attached: %s (attribution by %s)", loaded, self.attribution.mode)
 
     def _check_environment(self) -> None:
-        problem = privilege_problem()
+        problem = privilege_problem() or bcc_problem()
         if problem:
             raise EbpfUnavailable(problem)
         if not tracefs_root():
@@ -202,36 +164,32 @@ class EbpfCollector:
                 "tracefs is not mounted (mount -t tracefs nodev /sys/kernel/tracing; "
                 "scripts/bcc-setup.sh does it)")
         self.kernel_source = kernel_source(self.config)
-        if self.kernel_source is not None:
-            if not os.path.isdir(self.kernel_source):
-                raise EbpfUnavailable(
-                    f"no kernel headers for BCC: {self.kernel_source} does not exist "
-                    "(scripts/bcc-setup.sh builds it)")
-            # BCC reads it when it compiles, which happens after this point.
-            os.environ["BCC_KERNEL_SOURCE"] = self.kernel_source
-
-    def _load(self, bcc: Any, family: Family) -> _Program:
-        missing = missing_tracepoints(family)
-        if missing:
-            raise EbpfUnavailable(f"kernel lacks tracepoint {', '.join(missing)}")
-        text, cflags = program_text(family, key_by_pid=self.attribution.mode == "pid")
-        started = time.perf_counter()
-        try:
-            with _output_captured() as errors:
-                program = bcc.BPF(text=text.encode(), cflags=cflags)
-        except Exception as exc:
-            detail = _first_error(errors.text)
-            if errors.text.strip():
-                log.warning("BCC output while loading %s:\n%s", family.name, errors.text[-4000:])
-            where = f" (BCC_KERNEL_SOURCE={self.kernel_source})" if self.kernel_source else ""
+        if self.kernel_source is not None and not os.path.isdir(self.kernel_source):
             raise EbpfUnavailable(
-                f"{exc}{': ' + detail if detail else ''}{where}") from exc
-        try:
-            drainer = MapDrainer(program[family.table.encode()], family.key_format)
-        except Exception as exc:
-            program.cleanup()
-            raise EbpfUnavailable(f"unexpected map layout: {exc}") from exc
-        return _Program(family, program, drainer, time.perf_counter() - started)
+                f"no kernel headers for BCC: {self.kernel_source} does not exist "
+                "(scripts/bcc-setup.sh builds it)")
+
+    def _load(self) -> None:
+        wanted = []
+        for family in self.wanted():
+            missing = missing_tracepoints(family)
+            if missing:
+                self.failed[family.name] = f"kernel lacks tracepoint {', '.join(missing)}"
+            else:
+                wanted.append(family)
+        if not wanted:
+            return
+        loaded, failed = ebpf_loader.load(
+            [f.name for f in wanted], key_by_pid=self.attribution.mode == "pid",
+            kernel_source=self.kernel_source)
+        where = f" (BCC_KERNEL_SOURCE={self.kernel_source})" if self.kernel_source else ""
+        for name, reason in failed.items():
+            self.failed[name] = reason + where
+        for family in wanted:
+            if family.name in loaded:
+                fds = loaded[family.name]
+                self.programs.append(_Program(family, fds, MapDrainer(fds.map_fd,
+                                                                      family.key_format)))
 
     @property
     def attached(self) -> list[str]:
@@ -304,7 +262,8 @@ class EbpfCollector:
             "kernel_source": self.kernel_source,
             "events_total": self.counters.events,
             "unattributed_events_total": self.counters.unattributed_events,
-            "load_seconds": {p.family.name: round(p.load_seconds, 3) for p in self.programs},
+            "load_seconds": {p.family.name: round(p.loaded.load_seconds, 3)
+                             for p in self.programs},
         }
         if self.attribution.unmirrored:
             details["cgroups_without_v2_directory"] = len(self.attribution.unmirrored)
@@ -331,7 +290,6 @@ class EbpfCollector:
         return ComponentStatus("collector:ebpf", ok=not reason, reason=reason, details=details)
 
     def close(self) -> None:
-        for program in self.programs:
-            with contextlib.suppress(Exception):
-                program.bpf.cleanup()
+        for program in self.programs:  # closing the perf events detaches the programs
+            program.loaded.close()
         self.programs = []

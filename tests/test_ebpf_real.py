@@ -32,9 +32,14 @@ def _median(samples, field):
 
 @pytest.mark.parametrize("key", ["cgroup", "pid"])
 def test_runqueue_latency_of_a_loaded_cgroup_is_10x_an_idle_ones(real_cgroups, key):
-    """CPU hogs (twice as many as CPUs) in one cgroup, a periodic sleeper in another: the hogs
-    wait for a CPU for milliseconds at a time, the sleeper is woken onto an idle-enough CPU.
-    Attribution by cgroup v2 id and by process id must both see it."""
+    """CPU hogs (four per CPU) in one cgroup, a periodic sleeper in another: the hogs wait
+    behind each other for milliseconds, the sleeper is run soon after it wakes. Attribution by
+    cgroup v2 id and by process id must both see it.
+
+    Four per CPU, not two: with other work waking up on this machine, a hog preempted by a
+    short-lived task is often run again at once, and with two hogs per CPU those short waits
+    made its median ~0.2 ms (ratio ~30x); with four, it waits behind other hogs (median ~2 ms,
+    ~300x the sleeper's)."""
     need_bcc()
     busy, idle = real_cgroups.create("be/busy"), real_cgroups.create("ls/idle")
     cgroups, kernel = kernel_collectors(
@@ -44,7 +49,7 @@ def test_runqueue_latency_of_a_loaded_cgroup_is_10x_an_idle_ones(real_cgroups, k
     try:
         assert kernel.status().details["signals"]["runqueue"] == "attached", kernel.status()
         assert kernel.status().details["attribution"] == key
-        for _ in range(2 * os.cpu_count()):
+        for _ in range(4 * os.cpu_count()):
             real_cgroups.spawn(busy, HOG)
         real_cgroups.spawn(idle, SLEEPER)
         time.sleep(0.5)
@@ -58,6 +63,7 @@ def test_runqueue_latency_of_a_loaded_cgroup_is_10x_an_idle_ones(real_cgroups, k
     assert loaded[0].tags["class"] == "BE" and loaded[0].tags["cgroup"] == f"/{busy}"
     assert quiet[0].tags["class"] == "LS" and quiet[0].tags["level"] == "cgroup"
     busy_p50, idle_p50 = _median(loaded, "p50_us"), _median(quiet, "p50_us")
+    print(f"run-queue p50: loaded {busy_p50:.1f} us, idle {idle_p50:.1f} us")
     assert busy_p50 >= 10 * idle_p50, (busy_p50, idle_p50)
     # The sleeper wakes every ~5 ms: ~200 waits a second, all attributed to it.
     assert _median(quiet, "count") >= 50
@@ -308,7 +314,7 @@ BPF_F_TABLE("hash", struct k, u64, h, 8192, BPF_F_NO_PREALLOC);
         table = program[b"h"]
         for i in range(3000):
             table[table.Key(i, i % 7)] = table.Leaf(i * 3)
-        drainer = MapDrainer(table, "=QQ", chunk=64)
+        drainer = MapDrainer(table.map_fd, "=QQ", chunk=64)
         drainer.batch = batch
         got = drainer.drain()
         assert sorted(got) == [((i, i % 7), i * 3) for i in range(3000)]
