@@ -18,7 +18,7 @@ import os
 import platform
 import struct
 
-_CHUNK = 4096  # entries per syscall; a hash bucket never holds more than this many
+_CHUNK = 256  # entries per syscall (more calls when a map holds more); a bucket holds far fewer
 _BPF_NR = {"x86_64": 321, "aarch64": 280}
 BPF_MAP_LOOKUP_ELEM, BPF_MAP_DELETE_ELEM, BPF_MAP_GET_NEXT_KEY = 1, 3, 4
 BPF_MAP_LOOKUP_AND_DELETE_BATCH = 25
@@ -51,19 +51,21 @@ def _addr(buf: ctypes.Array) -> int:
 
 
 class MapDrainer:
-    """Drains one BPF hash map of fixed-size keys and u64 values into (key tuple, value)."""
+    """Drains one BPF hash map of fixed-size keys and values into (key tuple, value tuple)."""
 
-    def __init__(self, map_fd: int, key_format: str, chunk: int = _CHUNK) -> None:
+    def __init__(self, map_fd: int, key_format: str, value_format: str = "=Q",
+                 chunk: int = _CHUNK) -> None:
         self.fd = map_fd
         self._key = struct.Struct(key_format)
+        self._value = struct.Struct(value_format)
         self._chunk = chunk
         self._keys = ctypes.create_string_buffer(self._key.size * chunk)
-        self._values = ctypes.create_string_buffer(8 * chunk)
+        self._values = ctypes.create_string_buffer(self._value.size * chunk)
         self._tokens = ctypes.create_string_buffer(16)  # in_batch, out_batch
         self._attr = ctypes.create_string_buffer(_BATCH_ATTR.size)
         self.batch = True  # falls back to per-key reads on kernels without batch operations
 
-    def drain(self) -> list[tuple[tuple[int, ...], int]]:
+    def drain(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
         """Every entry of the map, removed from it."""
         if self.batch:
             try:
@@ -74,9 +76,9 @@ class MapDrainer:
                 self.batch = False
         return self._drain_each()
 
-    def _drain_batch(self) -> list[tuple[tuple[int, ...], int]]:
-        out: list[tuple[tuple[int, ...], int]] = []
-        key_size = self._key.size
+    def _drain_batch(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        out: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+        key_size, value_size = self._key.size, self._value.size
         tokens = _addr(self._tokens)
         first = True
         while True:
@@ -93,14 +95,14 @@ class MapDrainer:
             (n,) = struct.unpack_from("=I", self._attr, _BATCH_COUNT_OFFSET)
             if n:
                 keys = self._key.iter_unpack(self._keys.raw[:n * key_size])
-                values = struct.unpack(f"={n}Q", self._values.raw[:n * 8])
+                values = self._value.iter_unpack(self._values.raw[:n * value_size])
                 out.extend(zip(keys, values, strict=True))
             if done:
                 return out
             ctypes.memmove(tokens, tokens + 8, 8)  # continue where the kernel stopped
             first = False
 
-    def _drain_each(self) -> list[tuple[tuple[int, ...], int]]:
+    def _drain_each(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
         key_size = self._key.size
         keys: list[bytes] = []
         current = None
@@ -118,7 +120,7 @@ class MapDrainer:
             keys.append(next_key.raw)
             current = ctypes.create_string_buffer(next_key.raw, key_size)
         out = []
-        value = ctypes.create_string_buffer(8)
+        value = ctypes.create_string_buffer(self._value.size)
         for raw in keys:
             key = ctypes.create_string_buffer(raw, key_size)
             _ELEM_ATTR.pack_into(attr, 0, self.fd, _addr(key), _addr(value), 0)
@@ -130,5 +132,5 @@ class MapDrainer:
                 if exc.errno == errno.ENOENT:
                     continue
                 raise
-            out.append((self._key.unpack(raw), struct.unpack("=Q", value.raw)[0]))
+            out.append((self._key.unpack(raw), self._value.unpack(value.raw)))
         return out

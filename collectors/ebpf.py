@@ -30,6 +30,7 @@ from sloguard.collectors.cgroup_ids import CgroupAttribution
 from sloguard.collectors.ebpf_loader import LoadedFamily, LoaderError
 from sloguard.collectors.ebpf_programs import (
     FAMILIES,
+    HIST_VALUE_FORMAT,
     DeviceNames,
     Family,
     missing_tracepoints,
@@ -188,8 +189,8 @@ class EbpfCollector:
         for family in wanted:
             if family.name in loaded:
                 fds = loaded[family.name]
-                self.programs.append(_Program(family, fds, MapDrainer(fds.map_fd,
-                                                                      family.key_format)))
+                self.programs.append(_Program(family, fds, MapDrainer(
+                    fds.map_fd, family.key_format, HIST_VALUE_FORMAT)))
 
     @property
     def attached(self) -> list[str]:
@@ -214,11 +215,10 @@ class EbpfCollector:
         self.counters.drains += 1
         return samples
 
-    def _samples(self, family: Family, entries: list[tuple[tuple[int, ...], int]],
+    def _samples(self, family: Family, entries: list[tuple[tuple[int, ...], tuple[int, ...]]],
                  now_ns: int, out: list[Sample]) -> None:
-        per_id: dict[tuple[int, tuple[int, ...]], Log2Histogram] = defaultdict(Log2Histogram)
-        for key, value in entries:
-            per_id[(key[0], key[1:-1])].add(key[-1], value)
+        per_id = {(key[0], key[1:]): Log2Histogram.from_values(values)
+                  for key, values in entries}
         node: dict[tuple[int, ...], Log2Histogram] = defaultdict(Log2Histogram)
         cgroups: dict[tuple[str, tuple[int, ...]], Log2Histogram] = defaultdict(Log2Histogram)
         targets = self.attribution.targets

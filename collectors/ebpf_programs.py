@@ -36,18 +36,22 @@ OPS = ("read", "write", "discard", "other")
 RECLAIM_KINDS = ("direct", "memcg", "compaction")
 
 
+HIST_VALUE_FORMAT = "=64QQ"  # struct hist: u64 slots[64]; u64 sum
+
+
 @dataclass(frozen=True)
 class Family:
     name: str  # config switch and status key
     measurement: str
     source: str  # file in collectors/bpf/
     table: str  # the histogram map
-    key_format: str  # struct layout of the histogram key; the first field is the id
+    key_type: str  # its C key type
+    key_format: str  # struct layout of that key; the first field is the id
     tracepoints: tuple[tuple[str, str], ...]  # all must exist
 
     def extra_tags(self, extra: tuple[int, ...], devices: DeviceNames) -> tuple[tuple[str, str],
                                                                               ...]:
-        """Tags decoded from the key fields between the id and the slot."""
+        """Tags decoded from the key fields after the id."""
         if self.name == "block_io":
             dev, op = extra
             return (("device", devices.name(dev)), ("op", OPS[op] if op < len(OPS) else "other"))
@@ -58,11 +62,11 @@ class Family:
 
 
 FAMILIES = (
-    Family("runqueue", "ebpf_runqueue", "runqueue.c", "rq_hist", "=QQ",
+    Family("runqueue", "ebpf_runqueue", "runqueue.c", "rq_hist", "struct rq_key", "=Q",
            (("sched", "sched_wakeup"), ("sched", "sched_wakeup_new"), ("sched", "sched_switch"))),
-    Family("block_io", "ebpf_block_io", "block_io.c", "io_hist", "=QIHH",
+    Family("block_io", "ebpf_block_io", "block_io.c", "io_hist", "struct io_key", "=QII",
            (("block", "block_rq_complete"),)),
-    Family("reclaim", "ebpf_reclaim", "reclaim.c", "rc_hist", "=QII",
+    Family("reclaim", "ebpf_reclaim", "reclaim.c", "rc_hist", "struct rc_key", "=QQ",
            (("vmscan", "mm_vmscan_direct_reclaim_begin"),
             ("vmscan", "mm_vmscan_direct_reclaim_end"),
             ("vmscan", "mm_vmscan_memcg_reclaim_begin"),
@@ -70,7 +74,7 @@ FAMILIES = (
             ("compaction", "mm_compaction_try_to_compact_pages"),
             ("compaction", "mm_compaction_begin"),
             ("compaction", "mm_compaction_end"))),
-    Family("syscall", "ebpf_syscall", "syscall.c", "sc_hist", "=QQ",
+    Family("syscall", "ebpf_syscall", "syscall.c", "sc_hist", "struct sc_key", "=Q",
            (("raw_syscalls", "sys_enter"), ("raw_syscalls", "sys_exit"))),
 )
 
@@ -99,7 +103,12 @@ def block_start_event() -> str | None:
 def program_text(family: Family, key_by_pid: bool) -> tuple[str, list[str]]:
     """The C text and compiler flags of one family."""
     bpf = resources.files("sloguard.collectors") / "bpf"
-    text = (bpf / "common.h").read_text() + (bpf / family.source).read_text()
+    hist_add = ((bpf / "hist_add.c").read_text()
+                .replace("HIST_ADD_FN", f"{family.table}_add")
+                .replace("HIST_MAP_NAME", family.table)
+                .replace("KEY_TYPE", family.key_type))
+    text = ((bpf / "common.h").read_text()
+            + (bpf / family.source).read_text().replace("HIST_FUNCTIONS", hist_add))
     cflags = ["-DSLOGUARD_KEY_TGID"] if key_by_pid else []
     if family.name == "block_io":
         # BCC reads TRACEPOINT_PROBE names from the text before preprocessing: substitute.

@@ -11,8 +11,7 @@ from the true value, and usually by much less. Means are exact: the programs als
 
 from __future__ import annotations
 
-SLOTS = 64
-SLOT_SUM = 127  # the histogram key's slot that holds the sum of the values (ns), not a count
+SLOTS = 64  # as HIST_SLOTS in collectors/bpf/common.h; the last slot holds everything above
 
 
 def slot_bounds(slot: int) -> tuple[int, int]:
@@ -33,12 +32,16 @@ class Log2Histogram:
         self.counts = [0] * SLOTS
         self.sum_ns = 0
 
-    def add(self, slot: int, value: int) -> None:
-        """Add one drained map entry: a count for a slot, or the sum for SLOT_SUM."""
-        if slot == SLOT_SUM:
-            self.sum_ns += value
-        elif 0 <= slot < SLOTS:
-            self.counts[slot] += value
+    @classmethod
+    def from_values(cls, values: tuple[int, ...]) -> Log2Histogram:
+        """A drained `struct hist`: SLOTS counts, then the sum of the values in ns."""
+        hist = cls()
+        hist.counts = list(values[:SLOTS])
+        hist.sum_ns = values[SLOTS]
+        return hist
+
+    def add(self, slot: int, count: int = 1) -> None:
+        self.counts[min(max(slot, 0), SLOTS - 1)] += count
 
     def merge(self, other: Log2Histogram) -> None:
         counts = self.counts

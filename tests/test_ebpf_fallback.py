@@ -16,7 +16,7 @@ import time
 
 import pytest
 from conftest import need
-from support.ebpf import kernel_collectors, need_bcc, of, run
+from support.ebpf import dominate_cpu, kernel_collectors, need_bcc, of, run
 
 HOG = "while True: pass"
 # Wakes 20 times a second: each wake may still wait milliseconds behind the hogs, but its
@@ -26,6 +26,7 @@ SLEEPER = "import time\nwhile True: time.sleep(0.05)"
 
 def _loaded_and_idle(real_cgroups, **ebpf):
     busy, idle = real_cgroups.create("be/busy"), real_cgroups.create("ls/idle")
+    dominate_cpu(real_cgroups, busy, idle)
     cgroups, kernel = kernel_collectors(
         [{"path": busy, "class": "BE", "name": "busy"},
          {"path": idle, "class": "LS", "name": "idle"}], **ebpf)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import need
-from support.ebpf import kernel_collectors, need_bcc, of, run
+from support.ebpf import dominate_cpu, kernel_collectors, need_bcc, of, run
 
 from sloguard.collectors.ebpf_programs import tracefs_root, tracepoint_exists
 
@@ -42,6 +42,7 @@ def test_runqueue_latency_of_a_loaded_cgroup_is_10x_an_idle_ones(real_cgroups, k
     ~300x the sleeper's)."""
     need_bcc()
     busy, idle = real_cgroups.create("be/busy"), real_cgroups.create("ls/idle")
+    dominate_cpu(real_cgroups, busy, idle)
     cgroups, kernel = kernel_collectors(
         [{"path": busy, "class": "BE", "name": "busy"},
          {"path": idle, "class": "LS", "name": "idle"}], key=key, block_io=False, reclaim=False)
@@ -317,7 +318,7 @@ BPF_F_TABLE("hash", struct k, u64, h, 8192, BPF_F_NO_PREALLOC);
         drainer = MapDrainer(table.map_fd, "=QQ", chunk=64)
         drainer.batch = batch
         got = drainer.drain()
-        assert sorted(got) == [((i, i % 7), i * 3) for i in range(3000)]
+        assert sorted(got) == [((i, i % 7), (i * 3,)) for i in range(3000)]
         assert len(table.items()) == 0
         assert drainer.drain() == []
     finally:

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from sloguard.collectors.log2hist import SLOT_SUM, Log2Histogram, slot_bounds
+from sloguard.collectors.log2hist import SLOTS, Log2Histogram, slot_bounds
 
 
 def bpf_log2l(value: int) -> int:
@@ -17,11 +17,11 @@ def bpf_log2l(value: int) -> int:
 
 
 def _hist(values: list[int]) -> Log2Histogram:
-    hist = Log2Histogram()
+    """What the BPF side would leave in its `struct hist` for these values, decoded."""
+    counts = [0] * SLOTS
     for value in values:
-        hist.add(bpf_log2l(value), 1)
-    hist.add(SLOT_SUM, sum(values))
-    return hist
+        counts[min(bpf_log2l(value), SLOTS - 1)] += 1
+    return Log2Histogram.from_values((*counts, sum(values)))
 
 
 def test_slots_hold_what_bpf_log2l_puts_in_them():

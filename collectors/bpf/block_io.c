@@ -14,12 +14,12 @@ struct io_start_val {
 struct io_key {
     u64 id;
     u32 dev;
-    u16 op;   /* 0 read, 1 write, 2 discard, 3 other (flush) */
-    u16 slot;
+    u32 op;  /* 0 read, 1 write, 2 discard, 3 other (flush) */
 };
 
 BPF_TABLE("lru_hash", struct io_req, struct io_start_val, io_start, 65536);
-HIST_MAP(io_hist, struct io_key, 65536);
+HIST_MAP(io_hist, struct io_key, 16384);
+HIST_FUNCTIONS
 
 TRACEPOINT_PROBE(block, BLOCK_START_EVENT) {
     struct io_req req = {.dev = args->dev, .sector = args->sector};
@@ -34,7 +34,7 @@ TRACEPOINT_PROBE(block, block_rq_complete) {
     if (!start)
         return 0;
     u64 delta = bpf_ktime_get_ns() - start->ts;
-    u16 op = 3;
+    u32 op = 3;
     #pragma unroll
     for (int i = 0; i < 8; i++) {
         char c = args->rwbs[i];
@@ -43,10 +43,8 @@ TRACEPOINT_PROBE(block, block_rq_complete) {
         if (c == 'D') { op = 2; break; }
         if (c == 0) break;
     }
-    struct io_key key = {.id = start->id, .dev = args->dev, .op = op, .slot = bpf_log2l(delta)};
+    struct io_key key = {.id = start->id, .dev = args->dev, .op = op};
     io_start.delete(&req);
-    io_hist.atomic_increment(key);
-    key.slot = SLOT_SUM;
-    io_hist.atomic_increment(key, delta);
+    io_hist_add(&key, delta);
     return 0;
 }

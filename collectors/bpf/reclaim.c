@@ -11,13 +11,13 @@ struct rc_task {
 };
 struct rc_key {
     u64 id;
-    u32 kind;
-    u32 slot;
+    u64 kind;
 };
 
 BPF_TABLE("lru_hash", struct rc_task, u64, rc_start, 16384);
 BPF_TABLE("lru_hash", u32, u8, rc_direct_compact, 16384);
 HIST_MAP(rc_hist, struct rc_key, 16384);
+HIST_FUNCTIONS
 
 static __always_inline void rc_begin(u32 kind) {
     struct rc_task task = {.tid = (u32)bpf_get_current_pid_tgid(), .kind = kind};
@@ -32,10 +32,8 @@ static __always_inline void rc_end(u32 kind) {
         return;
     u64 delta = bpf_ktime_get_ns() - *since;
     rc_start.delete(&task);
-    struct rc_key key = {.id = CURRENT_ID(), .kind = kind, .slot = bpf_log2l(delta)};
-    rc_hist.atomic_increment(key);
-    key.slot = SLOT_SUM;
-    rc_hist.atomic_increment(key, delta);
+    struct rc_key key = {.id = CURRENT_ID(), .kind = kind};
+    rc_hist_add(&key, delta);
 }
 
 TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_begin) { rc_begin(0); return 0; }
