@@ -41,9 +41,10 @@ lint: $(VENV)/.installed-test
 test: install-test test-deps lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-bench: install-test
+bench: install-test bcc-setup
 	$(BIN)/python benchmarks/agent_overhead.py
 	$(BIN)/python benchmarks/store_choice.py
+	$(BIN)/python benchmarks/ebpf_overhead.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

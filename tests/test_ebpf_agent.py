@@ -69,6 +69,9 @@ def test_agent_with_ebpf_writes_runqueue_latency(tmp_path, real_cgroups, sloguar
         assert set(mine["class"]) == {"LS"} and (mine["p99_us"] > 0).all()
         metrics = agent.get("/metrics").text
         assert 'sloguard_samples_collected_total{collector="ebpf"}' in metrics
+        # Compiled by the loader process: the agent itself never maps BCC's LLVM.
+        maps = Path(f"/proc/{agent.proc.pid}/maps").read_text()
+        assert "libbcc" not in maps and "LLVM" not in maps
         assert "collector:ebpf" in agent.get("/").text
     finally:
         assert agent.terminate() == 0
