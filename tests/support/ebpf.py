@@ -32,14 +32,20 @@ def need_bcc() -> None:
 
 
 def dominate_cpu(real_cgroups: Any, *rels: str) -> None:
-    """Give the test's cgroups the maximum CPU weight, equally: other work on this shared
-    machine (load averages of 5-8 were seen) then barely competes with them, so what a test
-    compares is what its own cgroups do to each other."""
+    """Give the test's cgroups, and every cgroup between them and the root, the maximum CPU
+    weight: other work on this shared machine (load averages of 5-8 were seen) then barely
+    competes with them, so what a test compares is what its own cgroups do to each other.
+    (A weight only counts against siblings, hence the whole chain.)"""
+    chain: dict[str, None] = {}
     for rel in rels:
+        parts = rel.split("/")
+        for depth in range(1, len(parts) + 1):
+            chain["/".join(parts[:depth])] = None
+    for path in chain:
         try:
-            real_cgroups.write(rel, "cpu.shares", "262144")
+            real_cgroups.write(path, "cpu.shares", "262144")
         except FileNotFoundError:
-            real_cgroups.write(rel, "cpu.weight", "10000")
+            real_cgroups.write(path, "cpu.weight", "10000")
 
 
 def kernel_collectors(declare: list[dict[str, str]], **ebpf: Any
