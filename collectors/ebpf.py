@@ -260,6 +260,7 @@ class EbpfCollector:
             "signals": signals,
             "attribution": self.attribution.mode,
             "kernel_source": self.kernel_source,
+            "drains_total": self.counters.drains,
             "events_total": self.counters.events,
             "unattributed_events_total": self.counters.unattributed_events,
             "load_seconds": {p.family.name: round(p.loaded.load_seconds, 3)
