@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test install install-test test-deps lint bench clean
+.PHONY: run test install install-test test-deps bcc-setup lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,11 +22,18 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 ## The agent with its UI/API on http://127.0.0.1:8080, storing into the embedded store (./data).
+## A failed BCC setup (no root, no network) does not stop it: it reports "eBPF unavailable".
 run: $(VENV)/.installed
+	-bash scripts/bcc-setup.sh $(VENV)
 	$(BIN)/sloguard run $(ARGS)
 
+## BCC for the eBPF collector: Debian packages, a stand-in kernel header tree, tracefs, the venv
+## link (idempotent; quick on a second run). Without root the agent falls back to procfs.
+bcc-setup: $(VENV)/.installed
+	bash scripts/bcc-setup.sh $(VENV)
+
 ## Servers and binaries the tests talk to (a real kube-apiserver, cached after the first build).
-test-deps:
+test-deps: bcc-setup
 	bash scripts/kube-testenv.sh
 	bash scripts/browser-testenv.sh
 
@@ -37,9 +44,10 @@ lint: $(VENV)/.installed-test
 test: install-test test-deps lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-bench: install-test
+bench: install-test bcc-setup
 	$(BIN)/python benchmarks/agent_overhead.py
 	$(BIN)/python benchmarks/store_choice.py
+	$(BIN)/python benchmarks/ebpf_overhead.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -183,6 +183,7 @@ class CgroupCollector:
         self._workloads: tuple[dict[str, str], ...] = ()
         # pod uid -> {"cpu": cores, "memory": working-set bytes}, as of the last collection
         self._usage: dict[str, dict[str, float]] = {}
+        self._tags_by_path: dict[str, dict[str, str]] = {}
         # Only kernfs reports a removed cgroup through an open descriptor (ENODEV); a tree
         # given as `root` may be ordinary files (a copy, a fixture), so it is opened per read.
         self._files = _OpenFiles(hold=config.root is None)
@@ -452,7 +453,15 @@ class CgroupCollector:
         Safe from other threads: it reads the dict the last collection published."""
         return self._usage.get(pod_uid, {}).get(resource)
 
+    def tracked_tags(self) -> dict[str, dict[str, str]]:
+        """The tags of every tracked cgroup by path (relative to the hierarchy root), as of the
+        last discovery: other collectors (eBPF, schedstat) attribute their samples with them so
+        that every signal of a container carries the same pod, container and class tags.
+        The dicts are shared: copy before changing them."""
+        return self._tags_by_path
+
     def _publish(self) -> None:
+        self._tags_by_path = {rel: item.tags for rel, item in self._tracked.items()}
         self._workloads = tuple(
             {k: v for k, v in item.tags.items() if k != "node"}
             for item in list(self._tracked.values())

@@ -70,6 +70,14 @@ class Agent:
             lookup = self.pods.get if self.pods is not None else None
             self.cgroups = CgroupCollector(self.node, cfg.cgroups, pod_lookup=lookup)
             self.collectors.append(self.cgroups)
+        if cfg.ebpf.enabled or cfg.ebpf.fallback:  # eBPF latencies, or their procfs fallback
+            from sloguard.collectors.kernel_latency import KernelLatencyCollector
+
+            self.collectors.append(KernelLatencyCollector(self.node, cfg, self.cgroups))
+        if cfg.cpi.enabled:
+            from sloguard.collectors.cpi import CpiCollector
+
+            self.collectors.append(CpiCollector(self.node, self.cgroups))
         self._collector_errors: dict[str, str] = {}
         self.detectors = DetectorRegistry.from_config(settings.detectors)
         self.rules = RuleSet(list(settings.rules.paths), validate_params=self.detectors.check)
@@ -177,6 +185,9 @@ class Agent:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
+        for collector in self.collectors:  # loading eBPF programs happens here, not in __init__
+            if hasattr(collector, "start"):
+                collector.start()
         self._reload_rules()
         if self.pods is not None:
             self.pods.start()
@@ -192,8 +203,9 @@ class Agent:
             self._thread.join(timeout=30)
         if self.pods is not None:
             self.pods.stop()
-        if self.cgroups is not None:
-            self.cgroups.close()
+        for collector in self.collectors:  # detaches eBPF programs, closes held files
+            if hasattr(collector, "close"):
+                collector.close()
         self._flush()
         if self._buffer:
             log.error("exiting with %d samples unwritten: %s", len(self._buffer),

@@ -94,9 +94,34 @@ class CgroupCollectorConfig(_Section):
     class_label: str = "koordinator.sh/qosClass"
 
 
+class EbpfCollectorConfig(_Section):
+    """Per-cgroup kernel latencies from BCC programs (collectors/ebpf.py, docs/ebpf.md)."""
+
+    enabled: bool = Field(True, description="try to load the programs (needs root and BCC)")
+    kernel_source: str | None = Field(
+        None, description="BCC_KERNEL_SOURCE; unset: $BCC_KERNEL_SOURCE, else the tree "
+        "scripts/bcc-setup.sh builds in /var/cache/sloguard/bcc-kernel when present")
+    runqueue: bool = True
+    block_io: bool = True
+    reclaim: bool = True
+    syscall: bool = Field(False, description="costs every syscall on the node: off by default")
+    key: Literal["auto", "cgroup", "pid"] = Field(
+        "auto", description="attribute by cgroup v2 id, or by process (v1 hosts); auto: pid "
+        "only when no cgroup v2 hierarchy is mounted")
+    fallback: bool = Field(
+        True, description="when run-queue latency is unavailable, read run-queue wait from "
+        "/proc/PID/schedstat instead (measurement container_runqueue)")
+
+
+class CpiCollectorConfig(_Section):
+    enabled: bool = Field(True, description="cycles per instruction via perf_event_open")
+
+
 class CollectorsConfig(_Section):
     node: NodeCollectorConfig = Field(default_factory=NodeCollectorConfig)
     cgroups: CgroupCollectorConfig = Field(default_factory=CgroupCollectorConfig)
+    ebpf: EbpfCollectorConfig = Field(default_factory=EbpfCollectorConfig)
+    cpi: CpiCollectorConfig = Field(default_factory=CpiCollectorConfig)
 
 
 class KubernetesConfig(_Section):

@@ -1,0 +1,80 @@
+"""What the eBPF tests need from this machine, and a way to run collectors side by side."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from conftest import need
+
+from sloguard.collectors.cgroups import CgroupCollector
+from sloguard.collectors.ebpf import kernel_source
+from sloguard.collectors.kernel_latency import KernelLatencyCollector
+from sloguard.config import CollectorsConfig, EbpfCollectorConfig
+from sloguard.samples import Sample
+
+
+def need_bcc() -> None:
+    """Root, Debian's BCC importable from this interpreter, and something to compile against
+    (scripts/bcc-setup.sh provides the last two; `make test` runs it)."""
+    need(os.geteuid() == 0, "loading eBPF programs needs root")
+    try:
+        import bcc  # noqa: F401
+    except ImportError as exc:
+        need(False, f"BCC is not importable ({exc}); run scripts/bcc-setup.sh")
+    source = kernel_source(EbpfCollectorConfig())
+    build = f"/lib/modules/{os.uname().release}/build"
+    need(source is not None or os.path.isdir(build),
+         "no kernel headers for BCC; run scripts/bcc-setup.sh")
+    if source is not None:  # for tests that compile programs of their own
+        os.environ.setdefault("BCC_KERNEL_SOURCE", source)
+
+
+def dominate_cpu(real_cgroups: Any, *rels: str) -> None:
+    """Give the test's cgroups, and every cgroup between them and the root, the maximum CPU
+    weight: other work on this shared machine (load averages of 5-8 were seen) then barely
+    competes with them, so what a test compares is what its own cgroups do to each other.
+    (A weight only counts against siblings, hence the whole chain.)"""
+    chain: dict[str, None] = {}
+    for rel in rels:
+        parts = rel.split("/")
+        for depth in range(1, len(parts) + 1):
+            chain["/".join(parts[:depth])] = None
+    for path in chain:
+        try:
+            real_cgroups.write(path, "cpu.shares", "262144")
+        except FileNotFoundError:
+            real_cgroups.write(path, "cpu.weight", "10000")
+
+
+def kernel_collectors(declare: list[dict[str, str]], **ebpf: Any
+                      ) -> tuple[CgroupCollector, KernelLatencyCollector]:
+    """The container collector over declared cgroups and the kernel-latency collector on it,
+    as the agent builds them; the caller must `start()` and `close()` the latter."""
+    config = CollectorsConfig.model_validate({
+        "cgroups": {"include": [], "rediscover": 1, "declare": declare},
+        "ebpf": ebpf,
+    })
+    cgroups = CgroupCollector("test-node", config.cgroups)
+    return cgroups, KernelLatencyCollector("test-node", config, cgroups)
+
+
+def run(cgroups: CgroupCollector, kernel: KernelLatencyCollector, seconds: float,
+        interval: float = 1.0) -> list[list[Sample]]:
+    """Tick both collectors like the agent's loop does; the kernel collector's samples per tick
+    (the first tick, which only primes counters, is dropped)."""
+    ticks = []
+    deadline = time.monotonic() + seconds
+    cgroups.collect(time.time_ns())
+    kernel.collect(time.time_ns())
+    while time.monotonic() < deadline:
+        time.sleep(interval)
+        cgroups.collect(time.time_ns())
+        ticks.append(kernel.collect(time.time_ns()))
+    return ticks
+
+
+def of(ticks: list[list[Sample]], measurement: str, **tags: str) -> list[Sample]:
+    return [s for tick in ticks for s in tick if s.measurement == measurement
+            and all(s.tags.get(k) == v for k, v in tags.items())]
