@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from sloguard.actuators.dryrun import DryRunActuator
 from sloguard.collectors.cgroups import CgroupCollector
-from sloguard.config import Settings
+from sloguard.config import Settings, app_latency_wanted
 from sloguard.detector.engine import AGENT_GROUP, Engine
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
@@ -64,6 +64,14 @@ class Agent:
             lookup = self.pods.get if self.pods is not None else None
             self.cgroups = CgroupCollector(self.node, cfg.cgroups, pod_lookup=lookup)
             self.collectors.append(self.cgroups)
+        self.app_latency: Any = None  # issue #6: the LS services' own latency
+        if app_latency_wanted(settings):
+            from sloguard.collectors.app_latency import AppLatencyCollector
+
+            self.app_latency = AppLatencyCollector(
+                self.node, settings.app_latency, settings.slos, pods=self.pods,
+                class_label=cfg.cgroups.class_label, registry=self.registry)
+            self.collectors.append(self.app_latency)
         self._collector_errors: dict[str, str] = {}
         self.detectors = DetectorRegistry.from_config(settings.detectors)
         self.rules = RuleSet(list(settings.rules.paths), validate_params=self.detectors.check)
@@ -123,6 +131,8 @@ class Agent:
         self._reload_rules()
         if self.pods is not None:
             self.pods.start()
+        if self.app_latency is not None:
+            self.app_latency.start()
         self._thread = threading.Thread(target=self._loop, name="agent-loop", daemon=True)
         self._thread.start()
         log.info("agent started on node %s, tick %.3gs", self.node, self.settings.interval)
@@ -134,6 +144,8 @@ class Agent:
             self._thread.join(timeout=30)
         if self.pods is not None:
             self.pods.stop()
+        if self.app_latency is not None:
+            self.app_latency.stop()
         if self.cgroups is not None:
             self.cgroups.close()
         self._flush()
