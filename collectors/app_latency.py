@@ -111,6 +111,8 @@ class AppLatencyCollector:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
+        # httpx logs every request at INFO: one line per scrape per target would drown the log
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, log.getEffectiveLevel()))
         self._thread = threading.Thread(target=self._run_loop, name="app-latency", daemon=True)
         self._thread.start()
 

@@ -45,6 +45,12 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
                 agent.stop()
 
     app = FastAPI(title="sloguard", version=__version__, lifespan=lifespan)
+    app_latency = getattr(agent, "app_latency", None)
+    if app_latency is not None and agent.settings.app_latency.receive.enabled:
+        from sloguard.ui.receive import receive_router
+
+        app.include_router(receive_router(app_latency, agent.settings.app_latency.receive,
+                                          agent.node))
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> Response:
@@ -118,7 +124,8 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
         return TEMPLATES.TemplateResponse(
             request, "index.html",
             {"incidents": found, "node": agent.node, "state": state, "states": STATES,
-             "components": agent.components(), "version": __version__},
+             "components": agent.components(), "version": __version__,
+             "targets": app_latency.target_status() if app_latency is not None else []},
         )
 
     return app
