@@ -60,9 +60,6 @@ class Reading:
     errors: dict[LabelKey, _Series]  # counter series (value in `count`), or empty
     error_source: str  # how errors were told apart, for the status page
 
-    def requests_total(self) -> float:
-        return sum(s.count for s in self.series.values())
-
 
 def parse(text: str, content_type: str = "") -> list:
     """prometheus-client's families; ExpositionError (with the parser's reason) if malformed."""
@@ -214,9 +211,10 @@ def _errors(spec: ReadSpec, types: dict[str, str], samples: list,
         raise ExpositionError(f"error regex {spec.error_match!r}: {exc}") from None
     counters = sorted(n for n, t in types.items() if t == "counter")
     name = spec.error_metric
-    if name is None:
-        name = next((c for c in counters if any(
-            s[0] in (c, f"{c}_total") and label in s[1] for s in samples)), None)
+    if name is None:  # the requests counter, not e.g. Go's promhttp_metric_handler_requests
+        labelled = [c for c in counters if not c.startswith("promhttp_") and any(
+            s[0] in (c, f"{c}_total") and label in s[1] for s in samples)]
+        name = min(labelled, key=lambda c: ("request" not in c.lower(), c), default=None)
     if name is not None:
         if name.removesuffix("_total") not in {c.removesuffix("_total") for c in counters} and \
                 spec.error_metric:

@@ -214,3 +214,24 @@ def test_combined_quantile_merges_histograms_values_and_keeps_the_worst_summary(
     pushed = LatencyBatch(quantiles={0.99: 700.0})
     assert combined_quantile([h1, pushed], 0.99) == 700.0
     assert math.isnan(combined_quantile([], 0.99))
+
+
+def test_error_counter_is_the_requests_counter_not_the_metrics_handlers():
+    page = (
+        "# TYPE promhttp_metric_handler_requests counter\n"
+        'promhttp_metric_handler_requests_total{code="500"} 9\n'
+        "# TYPE app_failures counter\n"
+        'app_failures_total{code="500"} 1\n'
+        "# TYPE http_requests counter\n"
+        'http_requests_total{code="500"} 2\n'
+        'http_requests_total{code="200"} 5\n'
+        "# TYPE t_seconds histogram\n"
+        't_seconds_bucket{le="+Inf"} 7\n'
+        "t_seconds_count 7\n"
+    )
+    reading = read(page, "", ReadSpec())
+    assert reading.error_source.startswith("counter http_requests, label code")
+    named = read(page, "", ReadSpec(error_metric="app_failures_total", error_match="5.*"))
+    assert named.error_source.startswith("counter app_failures")
+    with pytest.raises(ExpositionError, match="no counter named 'nope'"):
+        read(page, "", ReadSpec(error_metric="nope"))
