@@ -21,6 +21,7 @@ import contextlib
 import logging
 import math
 import random
+import ssl
 import threading
 import time
 from collections import deque
@@ -111,8 +112,6 @@ class AppLatencyCollector:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        # httpx logs every request at INFO: one line per scrape per target would drown the log
-        logging.getLogger("httpx").setLevel(max(logging.WARNING, log.getEffectiveLevel()))
         self._thread = threading.Thread(target=self._run_loop, name="app-latency", daemon=True)
         self._thread.start()
 
@@ -217,7 +216,6 @@ class AppLatencyCollector:
         self._wake = asyncio.Event()
         semaphore = asyncio.Semaphore(self.cfg.concurrency)
         pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="app-parse")
-        clients: dict[tuple[bool, str | None], Any] = {}
         tasks: dict[Target, asyncio.Task] = {}
         try:
             while not self._stop.is_set():
@@ -234,38 +232,17 @@ class AppLatencyCollector:
                 for target in wanted - tasks.keys():
                     with self._lock:
                         self._status[target.key] = TargetStatus(target)
-                    client = self._client(clients, target)
                     tasks[target] = asyncio.create_task(
-                        self._schedule(target, client, semaphore, pool), name=target.key)
+                        self._schedule(target, semaphore, pool), name=target.key)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), RESOLVE_S)
         finally:
             for task in tasks.values():
                 task.cancel()
             await asyncio.gather(*tasks.values(), return_exceptions=True)
-            for client in clients.values():
-                await client.aclose()
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _client(self, clients: dict, target: Target) -> Any:
-        """One HTTP client per TLS setting, shared by the targets that use it (keep-alive)."""
-        import httpx
-
-        key = (target.tls_verify, target.ca_file)
-        if key not in clients:
-            verify: Any = target.tls_verify
-            if target.tls_verify and target.ca_file:
-                import ssl
-
-                verify = ssl.create_default_context(cafile=target.ca_file)
-            limits = httpx.Limits(max_connections=self.cfg.concurrency,
-                                  max_keepalive_connections=self.cfg.concurrency)
-            clients[key] = httpx.AsyncClient(
-                verify=verify, trust_env=False, follow_redirects=True, limits=limits,
-                timeout=httpx.Timeout(None), headers={"User-Agent": "sloguard"})
-        return clients[key]
-
-    async def _schedule(self, target: Target, client: Any, semaphore: asyncio.Semaphore,
+    async def _schedule(self, target: Target, semaphore: asyncio.Semaphore,
                         pool: ThreadPoolExecutor) -> None:
         """Rounds at a fixed rate from a random phase (so targets spread over the interval),
         each delayed by up to `jitter` of the interval; a round that could not start in time is
@@ -279,9 +256,9 @@ class AppLatencyCollector:
             async with semaphore:
                 try:
                     if target.kind == "scrape":
-                        await self._scrape(target, client, pool)
+                        await self._scrape(target, pool)
                     else:
-                        await self._probe(target, client)
+                        await self._probe(target)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # a bug for one target must not end its schedule
@@ -314,19 +291,17 @@ class AppLatencyCollector:
         if error:
             log.debug("app-latency %s: %s", target.key, error)
 
-    async def _scrape(self, target: Target, client: Any, pool: ThreadPoolExecutor) -> None:
-        import httpx
-
+    async def _scrape(self, target: Target, pool: ThreadPoolExecutor) -> None:
         started = time.perf_counter()
         error = ""
         try:
             async with asyncio.timeout(target.timeout):
-                reading = await scrape(client, target, self.cfg.max_response, pool)
+                reading = await scrape(target, self.cfg.max_response, pool)
         except TimeoutError:
             error = f"timed out after {target.timeout:g}s"
         except (ScrapeError, ExpositionError) as exc:
             error = str(exc)
-        except (httpx.HTTPError, OSError) as exc:
+        except (OSError, ssl.SSLError) as exc:
             error = describe(exc)
         seconds = time.perf_counter() - started
         if error:
@@ -350,9 +325,9 @@ class AppLatencyCollector:
         self._push([Sample("app_latency", target.tags(self.node), fields, now_ns)])
         self.slo.add(target.service, target.namespace, batch, now_ns)
 
-    async def _probe(self, target: Target, client: Any) -> None:
+    async def _probe(self, target: Target) -> None:
         if target.kind == "http":
-            result = await probe_http(client, target)
+            result = await probe_http(target)
         else:
             result = await probe_tcp(target)
         self._record(target, result.error, result.seconds)

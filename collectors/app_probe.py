@@ -15,9 +15,8 @@ import ssl
 import time
 from dataclasses import dataclass
 
-import httpx
-
 from sloguard.collectors.app_targets import Target
+from sloguard.collectors.http_client import HttpError, request
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +29,8 @@ class ProbeResult:
 
 def describe(exc: BaseException) -> str:
     """A probe or scrape failure in the words an SRE would search for."""
+    if isinstance(exc, HttpError):
+        return str(exc)
     text = str(exc) or exc.__class__.__name__
     cause: BaseException | None = exc
     while cause is not None:
@@ -46,20 +47,21 @@ def describe(exc: BaseException) -> str:
     return f"{exc.__class__.__name__}: {text}"[:300]
 
 
-async def probe_http(client: httpx.AsyncClient, target: Target) -> ProbeResult:
-    """One request; success when the status is expected (default 200-399) within the timeout."""
+async def probe_http(target: Target, max_bytes: int = 1024**2) -> ProbeResult:
+    """One request on a new connection; success when the status is expected (default 200-399)
+    within the timeout. The latency runs until the whole answer is read."""
     started = time.perf_counter()
     try:
         async with asyncio.timeout(target.timeout):
-            response = await client.request(target.method, target.url)
-            await response.aread()
+            response = await request(target.method, target.url, max_bytes=max_bytes,
+                                     verify=target.tls_verify, ca_file=target.ca_file)
     except TimeoutError:
         return ProbeResult(False, time.perf_counter() - started,
                            error=f"timed out after {target.timeout:g}s")
-    except (httpx.HTTPError, OSError, ssl.SSLError) as exc:
+    except (HttpError, OSError, ssl.SSLError) as exc:
         return ProbeResult(False, time.perf_counter() - started, error=describe(exc))
     seconds = time.perf_counter() - started
-    code = response.status_code
+    code = response.status
     expected = code in target.expect_status if target.expect_status else 200 <= code < 400
     return ProbeResult(expected, seconds, code, "" if expected else f"unexpected status {code}")
 
