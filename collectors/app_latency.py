@@ -106,6 +106,8 @@ class AppLatencyCollector:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+        for target in self.static:  # listed (not tried yet) from the start
+            self._status[target.key] = TargetStatus(target)
         if registry is not None:
             registry.register(_TargetMetrics(self))
 
@@ -231,7 +233,7 @@ class AppLatencyCollector:
                         self._status.pop(target.key, None)
                 for target in wanted - tasks.keys():
                     with self._lock:
-                        self._status[target.key] = TargetStatus(target)
+                        self._status.setdefault(target.key, TargetStatus(target))
                     tasks[target] = asyncio.create_task(
                         self._schedule(target, semaphore, pool), name=target.key)
                 with contextlib.suppress(TimeoutError):

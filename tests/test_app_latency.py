@@ -4,6 +4,7 @@ reported while the others go on."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import ssl
 import subprocess
@@ -40,7 +41,8 @@ class Run:
                 and all(s.tags.get(k) == v for k, v in tags.items())]
 
     def status(self, url: str) -> dict:
-        return next(t for t in self.collector.status().details["targets"] if t["target"] == url)
+        targets = self.collector.status().details["targets"]
+        return next((t for t in targets if t["target"] == url), {"up": None, "last_error": ""})
 
     def wait(self, check, timeout: float, what: str):
         deadline = time.monotonic() + timeout
@@ -82,14 +84,27 @@ def test_p99_follows_injected_latency_within_one_interval():
 
         svc.delay = 0.2  # 200 ms: the (100, 250] ms bucket
         injected = time.time_ns()
-        slow = run.wait(lambda: [s for s in run.of("app_latency", **tags)
-                                 if s.time_ns > injected and s.fields.get("p99", 0) >= 100],
-                        10, "p99 never followed the injected latency")[0]
-        lag = (slow.time_ns - injected) / 1e9
-        # the first scrape after the first slow request finished: one interval (+ the request's
-        # 200 ms, the jitter and a loaded machine's slack)
-        assert lag < 2 * interval, f"p99 followed after {lag:.2f}s"
-        assert 100 <= slow.fields["p99"] <= 250  # the bucket holding 200 ms
+
+        def after_one_interval():
+            """The first sample whose interval began after the injection (+100 ms for the
+            requests already running): one interval's requests, all of them slow."""
+            ordered = sorted(run.of("app_latency", **tags), key=lambda s: s.time_ns)
+            for before, sample in itertools.pairwise(ordered):
+                if before.time_ns > injected + 100_000_000:
+                    return sample
+            return None
+
+        slow = run.wait(after_one_interval, 10, "no scrape one interval after the injection")
+        assert 100 <= slow.fields["p99"] <= 250, slow.fields  # the bucket holding 200 ms
+        # only that interval's requests: all slow (a cumulative histogram would keep the
+        # thousands of fast ones from before and leave p50 low)
+        assert 100 <= slow.fields["p50"] <= 250 and slow.fields["rate"] < 50, slow.fields
+        first = min((s for s in run.of("app_latency", **tags)
+                     if s.time_ns > injected and s.fields.get("p99", 0) >= 100),
+                    key=lambda s: s.time_ns)
+        lag = (first.time_ns - injected) / 1e9
+        assert lag <= (slow.time_ns - injected) / 1e9  # never later than that scrape
+        assert lag < 3 * interval  # a sanity bound, generous for a loaded machine
         slo = run.wait(lambda: [s for s in run.of("app_slo", service="web")
                                 if s.time_ns > injected and s.fields.get("latency_ratio", 0) > 1],
                        10, "the SLO signal never moved")[0]
@@ -108,25 +123,30 @@ def test_p99_follows_injected_latency_within_one_interval():
 def test_a_hung_target_never_delays_the_others_nor_the_agent():
     with LatencyService() as fast, LatencyService() as hung, Traffic(f"{fast.url}/work"):
         hung.metrics_delay = 30  # sleeps far beyond its timeout
-        with collecting({"scrape_interval": 0.5, "timeout": 0.4, "targets": [
-                {"service": "hung", "url": f"{hung.url}/metrics"},
-                {"service": "fast", "url": f"{fast.url}/metrics"}]}) as run:
-            started = time.monotonic()
-            run.wait(lambda: len(run.of("app_latency", service="fast")) >= 6, 20,
-                     "the fast target was held up")
-            elapsed = time.monotonic() - started
+        with collecting({"targets": [
+                {"service": "hung", "url": f"{hung.url}/metrics", "interval": 3, "timeout": 3},
+                {"service": "fast", "url": f"{fast.url}/metrics", "interval": 0.5,
+                 "timeout": 0.4}]}) as run:
+            run.wait(lambda: run.status(f"{hung.url}/metrics")["up"] is False, 20,
+                     "the hung target never timed out")
+            mark = time.time_ns()
+            run.wait(lambda: len([s for s in run.of("app_latency", service="fast")
+                                  if s.time_ns > mark]) >= 8, 30, "the fast target stalled")
             status = run.status(f"{hung.url}/metrics")
-            assert status["up"] is False and status["last_error"] == "timed out after 0.4s"
-            assert status["attempts"] >= 2  # retried on its schedule, not given up on
-            assert 0.3 < status["last_duration_s"] < 2
+            assert status["up"] is False and status["last_error"] == "timed out after 3s"
+            assert 2.9 < status["last_duration_s"] < 5
             assert not run.of("app_latency", service="hung")
+            times = sorted(s.time_ns for s in run.of("app_latency", service="fast"))
+            gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(times)]
+            # scraped every 0.5 s throughout, while the hung one held its 3 s timeouts; a
+            # scraper that waited for it would leave gaps of 3 s
+            assert max(gaps) < 2.5, gaps
             assert run.status(f"{fast.url}/metrics")["up"] is True
             component = run.collector.status()
             assert not component.ok and "1 of 2 targets down" in component.reason
-            # 6 scrapes at 0.5 s take ~3.5 s; a scraper serialised behind 0.4 s timeouts or a
-            # hung 30 s answer would take far longer
-            assert elapsed < 12
-            assert max(run.collect_seconds) < 0.5  # the agent's loop never waits for the network
+            run.wait(lambda: run.status(f"{hung.url}/metrics")["attempts"] >= 2, 15,
+                     "the hung target was not retried")
+            assert max(run.collect_seconds) < 1  # the agent's loop never waits for the network
 
 
 def test_malformed_page_is_reported_then_recovers():
@@ -164,7 +184,7 @@ def test_probes_see_a_server_slow_down_and_one_refuse():
             run.wait(lambda: len(probes(target=work)) >= 2, 10, "no probes")
             fast = probes(target=work)[-1]
             assert fast.fields["success"] == 1 and fast.fields["status_code"] == 200
-            assert fast.fields["latency_ms"] < 300
+            assert fast.fields["latency_ms"] < 1000
             assert fast.tags["kind"] == "http" and fast.tags["service"] == "web"
 
             svc.delay = 0.2  # slower, still within the timeout
