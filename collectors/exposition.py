@@ -243,14 +243,18 @@ def _errors(spec: ReadSpec, types: dict[str, str], samples: list,
     return {}, ""
 
 
-def _increase(previous: _Series | None, current: _Series) -> float:
-    """A counter's increase between two readings; a drop or a new `_created` is a reset."""
-    if previous is None:
-        return current.count  # a series born since the last scrape: all of it is new
-    reset = current.count < previous.count or (
+def _restarted(previous: _Series, current: _Series) -> bool:
+    """A count that went down, or a new `_created` timestamp: the process started over."""
+    return current.count < previous.count or (
         current.created is not None and previous.created is not None
         and current.created != previous.created)
-    return current.count if reset else current.count - previous.count
+
+
+def _increase(previous: _Series | None, current: _Series) -> float:
+    """A counter's increase between two readings, across a restart."""
+    if previous is None:
+        return current.count  # a series born since the last scrape: all of it is new
+    return current.count if _restarted(previous, current) else current.count - previous.count
 
 
 def interval(previous: Reading | None, current: Reading,
@@ -268,22 +272,17 @@ def interval(previous: Reading | None, current: Reading,
     quantiles: dict[float, float] = {}
     for key, now in current.series.items():
         before = previous.series.get(key)
-        recreated = (before is not None and now.created is not None
-                     and before.created is not None and now.created != before.created)
         if current.kind == "histogram" and now.buckets is not None:
-            base = None if before is None or recreated else before.buckets
-            diff, was_reset = delta(base, now.buckets)
-            resets += was_reset or recreated
+            restarted = before is not None and _restarted(before, now)
+            base = None if before is None or restarted else before.buckets
+            diff, relaid = delta(base, now.buckets)  # buckets that went down or changed layout
+            restarted = restarted or relaid
+            resets += restarted
             histograms.append(diff)
-            if before is None or recreated or was_reset:
-                requests += now.count
-            else:
-                requests += max(0.0, now.count - before.count)
+            requests += now.count if before is None or restarted else now.count - before.count
         else:
-            increase = _increase(before, now)
-            resets += before is not None and increase == now.count and now.count != 0 and (
-                now.count < before.count or recreated)
-            requests += increase
+            resets += before is not None and _restarted(before, now)
+            requests += _increase(before, now)
             for q, value in now.quantiles.items():
                 if not math.isnan(value):
                     quantiles[q] = max(quantiles.get(q, -math.inf), value)
