@@ -278,6 +278,7 @@ class AppLatencyCollector:
             status = self._status.get(target.key)
             if status is None:  # removed meanwhile
                 return
+            was_up = status.up
             status.attempts += 1
             status.up = not error
             status.last_error = error
@@ -290,8 +291,12 @@ class AppLatencyCollector:
                 status.last_success_ns = now_ns
             if note is not None:
                 status.note = note
-        if error:
-            log.debug("app-latency %s: %s", target.key, error)
+        if error and was_up is not False:  # transitions only: a target down for an hour is
+            log.warning("app-latency target down: %s %s (%s): %s",  # one line, not 360
+                        target.kind, target.url, target.service, error)
+        elif not error and was_up is False:
+            log.info("app-latency target up again: %s %s (%s)", target.kind, target.url,
+                     target.service)
 
     async def _scrape(self, target: Target, pool: ThreadPoolExecutor) -> None:
         started = time.perf_counter()
