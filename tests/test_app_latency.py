@@ -123,6 +123,7 @@ def test_p99_follows_injected_latency_within_one_interval():
 def test_a_hung_target_never_delays_the_others_nor_the_agent():
     with LatencyService() as fast, LatencyService() as hung, Traffic(f"{fast.url}/work"):
         hung.metrics_delay = 30  # sleeps far beyond its timeout
+        fast.force_text = True  # the text format here, OpenMetrics in the other tests
         with collecting({"targets": [
                 {"service": "hung", "url": f"{hung.url}/metrics", "interval": 3, "timeout": 3},
                 {"service": "fast", "url": f"{fast.url}/metrics", "interval": 0.5,
