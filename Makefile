@@ -28,6 +28,7 @@ run: $(VENV)/.installed
 ## Servers and binaries the tests talk to (a real kube-apiserver, cached after the first build).
 test-deps:
 	bash scripts/kube-testenv.sh
+	bash scripts/browser-testenv.sh
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

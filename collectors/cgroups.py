@@ -181,6 +181,8 @@ class CgroupCollector:
         self.discoveries = 0
         self.tracked = 0
         self._workloads: tuple[dict[str, str], ...] = ()
+        # pod uid -> {"cpu": cores, "memory": working-set bytes}, as of the last collection
+        self._usage: dict[str, dict[str, float]] = {}
         # Only kernfs reports a removed cgroup through an open descriptor (ENODEV); a tree
         # given as `root` may be ordinary files (a copy, a fixture), so it is opened per read.
         self._files = _OpenFiles(hold=config.root is None)
@@ -327,6 +329,16 @@ class CgroupCollector:
         for rel, item in self._tracked.items():
             if not self._collect_one(item, now_ns, samples):
                 gone.append(rel)
+        usage: dict[str, dict[str, float]] = {}
+        for sample in samples:  # what the eviction ranking compares BE pods by
+            uid = sample.tags.get("pod_uid")
+            if uid and sample.tags.get("level") == "pod":
+                if sample.measurement == "container_cpu" and "usage_cores" in sample.fields:
+                    usage.setdefault(uid, {})["cpu"] = sample.fields["usage_cores"]
+                elif sample.measurement == "container_memory" and (
+                        "working_set_bytes" in sample.fields):
+                    usage.setdefault(uid, {})["memory"] = sample.fields["working_set_bytes"]
+        self._usage = usage
         for rel in gone:
             self._files.close(*self._tracked.pop(rel).files())
         self.vanished_total += len(gone)
@@ -434,6 +446,11 @@ class CgroupCollector:
         Safe from other threads (the API, /metrics): it reads the snapshot the loop published.
         """
         return [dict(w) for w in self._workloads if cls is None or w["class"] == cls]
+
+    def usage(self, pod_uid: str, resource: str) -> float | None:
+        """A pod's current CPU (cores) or memory (working-set bytes); None when unknown.
+        Safe from other threads: it reads the dict the last collection published."""
+        return self._usage.get(pod_uid, {}).get(resource)
 
     def _publish(self) -> None:
         self._workloads = tuple(

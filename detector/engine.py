@@ -359,6 +359,10 @@ class Engine:
             updated_ns=now_ns,
             labels={**tags, **spec.labels},
             affected=affected_workloads(tags, self.inventory()),
+            policy=spec.policy or "",
+            signal={"measurement": spec.selector.measurement, "field": spec.field,
+                    "expr": spec.expr, "aggregate": spec.aggregate,
+                    "window": f"{spec.window:g}s"},
             evidence=[Evidence(now_ns, value, threshold,
                                f"crossed: {note}" if note else "crossed")],
         )
@@ -388,6 +392,53 @@ class Engine:
         incident.actions.extend(self.actuator.on_resolved(incident, now_ns))
         self._save(incident)
         log.info("incident %s resolved (%s)", incident.id, note)
+
+    def acknowledge(self, incident_id: str, by: str, comment: str, now_ns: int) -> Incident:
+        """Someone is on it: recorded on the incident (and shown), nothing else changes."""
+        incident = self._find(incident_id)
+        incident.annotations["acknowledged_by"] = by
+        incident.annotations["acknowledged_at"] = str(now_ns)
+        if comment:
+            incident.annotations["acknowledged_comment"] = comment
+        incident.actions.append(ActionRecord(now_ns, "acknowledge", f"incident/{incident.id}",
+                                             False, "done", f"by {by}: {comment}".rstrip(": ")))
+        incident.updated_ns = now_ns
+        self._save(incident)
+        return incident
+
+    def resolve_by_hand(self, incident_id: str, by: str, comment: str, now_ns: int) -> Incident:
+        """End an incident now. If its condition still holds, the rule opens a new one after
+        its `for` (as Alertmanager re-fires): resolving by hand is "I fixed it", not a mute."""
+        incident = self._find(incident_id)
+        if incident.state == RESOLVED:
+            raise ValueError(f"incident {incident_id} is already resolved")
+        for key, state in list(self.states.items()):
+            if state.incident.id == incident_id:
+                del self.states[key]
+                self._history.pop(key, None)
+        incident.annotations["resolved_by"] = by
+        if comment:
+            incident.annotations["resolved_comment"] = comment
+        self._resolve(incident, now_ns, f"resolved by hand by {by}")
+        return incident
+
+    def _find(self, incident_id: str) -> Incident:
+        for state in self.states.values():
+            if state.incident.id == incident_id:
+                return state.incident  # the live object: the next evaluation keeps the change
+        incident = self.incidents.get(incident_id)
+        if incident is None:
+            raise KeyError(incident_id)
+        return incident
+
+    def firing(self) -> list[Incident]:
+        """The incidents firing now (the ladder escalates while they do)."""
+        return [state.incident for state in self.states.values()
+                if state.incident.state == FIRING]
+
+    def save(self, incident: Incident) -> None:
+        """Persist an incident another part changed (the ladder adds its actions)."""
+        self._save(incident)
 
     def _save(self, incident: Incident) -> None:
         """Persist, or keep the incident to retry next tick: a full disk must not lose it."""

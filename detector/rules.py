@@ -109,6 +109,9 @@ class RuleSpec(SignalSpec):
     severity: Literal["info", "warning", "critical"] = "warning"
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
+    policy: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="the escalation policy a firing alert of this rule drives (policies/)")
 
 
 class GroupSpec(BaseModel):

@@ -8,14 +8,20 @@ UI/API serves from uvicorn's threads and reads through the stores' own connectio
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from sloguard.actuators.dryrun import DryRunActuator
+from sloguard.actuators.env import ActuatorEnv
+from sloguard.actuators.kinds import StepFactory
+from sloguard.actuators.ladder import Ladder
+from sloguard.actuators.ledger import Ledger
+from sloguard.actuators.policy import PolicySet
 from sloguard.collectors.cgroups import CgroupCollector
 from sloguard.config import Settings, app_latency_wanted
 from sloguard.detector.engine import AGENT_GROUP, Engine
@@ -76,18 +82,20 @@ class Agent:
         self.detectors = DetectorRegistry.from_config(settings.detectors)
         self.rules = RuleSet(list(settings.rules.paths), validate_params=self.detectors.check)
         self.windows = RecentWindows()
+        self.ladder = self._build_ladder(data_dir)
         self.engine = Engine(
             windows=self.windows,
             incidents=self.incidents,
             rules=self.rules,
             node=self.node,
-            actuator=DryRunActuator(self.node),
+            actuator=self.ladder,
             registry=self.detectors,
             timeout_s=settings.detectors.timeout,
             inventory=self.cgroups.workloads if self.cgroups else (lambda: []),
             on_evaluation=lambda rule, result: self.metrics.rule_evaluations.labels(
                 rule, result).inc(),
         )
+        self._calls: queue.SimpleQueue[tuple[Any, Future]] = queue.SimpleQueue()
         self._buffer: deque[Sample] = deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -112,6 +120,37 @@ class Agent:
                 "sloguard_cgroups", "Cgroups tracked and vanished mid-read", "kind",
                 lambda: {"tracked": cg.tracked, "vanished_total": cg.vanished_total},
             )
+
+    def _build_ladder(self, data_dir: Any) -> Ladder:
+        """The escalation ladder and what its steps act through (actuators/)."""
+        self.ledger = Ledger(data_dir / "actuators.db")
+        kube, kube_error = None, ""
+        if self.settings.kubernetes.enabled:
+            from sloguard.collectors.kube_pods import load_api_client
+
+            kubeconfig = self.settings.kubernetes.kubeconfig
+            clients: list[Any] = []
+
+            def kube() -> Any:  # built on first use, then shared by every step
+                if not clients:
+                    clients.append(load_api_client(kubeconfig))
+                return clients[0]
+        else:
+            kube_error = "Kubernetes is not configured (kubernetes.enabled: false)"
+        self.actuator_env = ActuatorEnv(
+            self.node, self.ledger, kube=kube, kube_error=kube_error,
+            usage=self.cgroups.usage if self.cgroups else None)
+        self.steps = StepFactory(self.actuator_env)
+        self.policies = PolicySet(list(self.settings.actuators.policies),
+                                  validate_step=self.steps.check)
+        return Ladder(
+            self.node, self.policies, self.ledger, self.steps.make,
+            save_incident=lambda incident: self.engine.save(incident),
+            load_incident=self.incidents.get,
+            inventory=self.cgroups.workloads if self.cgroups else (lambda: []),
+            dry_run=self.settings.actuators.dry_run,
+            open_incidents=self.incidents.open_incidents,
+        )
 
     def _start_kubernetes(self) -> None:
         from sloguard.collectors.kube_pods import PodMetadataCache, load_api_client
@@ -154,6 +193,7 @@ class Agent:
                       self._store_error)
         self.store.close()
         self.incidents.close()
+        self.ledger.close()
         log.info("agent stopped")
 
     def _loop(self) -> None:
@@ -169,12 +209,44 @@ class Agent:
             if now > deadline:
                 self.metrics.tick_overruns.inc()
                 deadline = now
-            self._stop.wait(deadline - now)
+            self._wait_or_call(deadline - now)
+
+    def _wait_or_call(self, seconds: float) -> None:
+        """Sleep until the next tick, but serve calls (an acknowledge from the UI) at once."""
+        end = time.monotonic() + seconds
+        while not self._stop.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                work, future = self._calls.get(timeout=min(left, 0.1))
+            except queue.Empty:
+                continue
+            _run_one(work, future)
 
     # -- one tick ------------------------------------------------------------------------
 
+    def call_on_loop(self, work: Any, timeout_s: float = 10.0) -> Any:
+        """Run `work()` on the agent's loop thread between ticks (the engine and the ladder
+        are the loop's alone), and return its result or raise its exception. Before the loop
+        runs (tests, start-up), it runs here."""
+        if self._thread is None or not self._thread.is_alive():
+            return work()
+        future: Future = Future()
+        self._calls.put((work, future))
+        return future.result(timeout=timeout_s)
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                work, future = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            _run_one(work, future)
+
     def tick(self, now_ns: int | None = None) -> None:
         started = time.perf_counter()
+        self._run_calls()
         now_ns = now_ns or time.time_ns()
         for collector in self.collectors:
             t0 = time.perf_counter()
@@ -196,6 +268,10 @@ class Agent:
         if mono >= self._next_reload:
             self._reload_rules()
         self.engine.evaluate(now_ns)
+        try:
+            self.ladder.tick(now_ns, self.engine.firing())
+        except Exception:  # recorded per step; this is the ladder's own bug, never the loop's
+            log.exception("escalation ladder failed")
         if mono >= self._next_maintain:
             self._next_maintain = mono + MAINTAIN_S
             try:
@@ -208,6 +284,7 @@ class Agent:
         self.metrics.tick_duration.observe(time.perf_counter() - started)
 
     def _reload_rules(self) -> None:
+        self.policies.reload()
         changed = self.rules.reload()
         self._rules_invalid_event(time.time_ns())
         if changed or not self.ticks:
@@ -318,10 +395,16 @@ class Agent:
                 out.append(self.pods.status())
             else:
                 out.append(ComponentStatus("kubernetes", ok=False, reason=self._kube_error))
+        problems = {**self.policies.errors, **self.ladder.errors}
+        dry_run = self.settings.actuators.dry_run
         out.append(ComponentStatus(
-            "actuators", ok=True,
-            reason="dry-run: actions are recorded, not taken",
-            details={"dry_run": self.settings.actuators.dry_run},
+            "actuators", ok=not problems,
+            reason="; ".join(problems.values())[:2000] or (
+                "dry-run: actions are recorded, not taken" if dry_run else ""),
+            details={"dry_run": dry_run, "policies": self.policies.names,
+                     "paths": list(self.policies.paths),
+                     "in_force": [f"{r.policy}#{r.rung + 1} {r.kind} ({r.status})"
+                                  for r in self.ledger.rungs()]},
         ))
         return out
 
@@ -333,3 +416,11 @@ class Agent:
         essential = [c.ok for c in self.components()
                      if c.name.startswith("store:") or c.name == "rules"]
         return self.alive() and all(essential)
+
+
+def _run_one(work: Any, future: Future) -> None:
+    if future.set_running_or_notify_cancel():
+        try:
+            future.set_result(work())
+        except BaseException as exc:  # handed to the caller
+            future.set_exception(exc)

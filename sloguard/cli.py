@@ -23,6 +23,8 @@ config_app = typer.Typer(help="Inspect the configuration.", no_args_is_help=True
 app.add_typer(config_app, name="config")
 rules_app = typer.Typer(help="Work with rule files.", no_args_is_help=True)
 app.add_typer(rules_app, name="rules")
+policies_app = typer.Typer(help="Work with escalation policy files.", no_args_is_help=True)
+app.add_typer(policies_app, name="policies")
 score_app = typer.Typer(help="Score detectors on public benchmarks.", no_args_is_help=True)
 app.add_typer(score_app, name="score")
 
@@ -155,6 +157,37 @@ def rules_check(
                 failed = True
             seen.setdefault(rule.key, rule.source)
         typer.echo(f"{path}: {len(rules)} rules ok")
+    if failed:
+        raise typer.Exit(1)
+
+
+@policies_app.command("check")
+def policies_check(
+    files: Annotated[list[Path], typer.Argument(help="policy files or directories of *.yaml")],
+    config: ConfigOpt = None,
+) -> None:
+    """Check escalation policy files as the agent would load them; print every problem as
+    file:line:column: field: message, and exit 1 if there is any."""
+    from sloguard.actuators.env import ActuatorEnv
+    from sloguard.actuators.kinds import StepFactory
+    from sloguard.actuators.policy import PolicyFileError, PolicySet, load_policy_file
+
+    settings = _load(config, None, None).settings
+    factory = StepFactory(ActuatorEnv(settings.node_name, ledger=None))  # type: ignore[arg-type]
+    failed = False
+    for entry in files:
+        if not entry.exists():
+            typer.echo(f"{entry}: does not exist", err=True)
+            failed = True
+    for path in PolicySet([str(f) for f in files]).files():
+        try:
+            policies = load_policy_file(path, factory.check)
+        except PolicyFileError as exc:
+            typer.echo(str(exc), err=True)
+            failed = True
+            continue
+        names = ", ".join(p.name for p in policies)
+        typer.echo(f"{path}: {len(policies)} policies ok ({names})")
     if failed:
         raise typer.Exit(1)
 

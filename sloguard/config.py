@@ -9,10 +9,12 @@ every error names the file and line (or the environment variable) and the field.
 from __future__ import annotations
 
 import os
+import re
 import socket
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -124,8 +126,48 @@ class DetectorsConfig(_Section):
     timeout: Duration = Field(1.0, gt=0, description="longest one rule's detectors may take")
 
 
+def _default_policy_paths() -> list[str]:
+    """The escalation policies shipped with sloguard: policies/ beside the default rules."""
+    return [str(Path(path) / "policies") for path in _default_rule_paths()]
+
+
 class ActuatorsConfig(_Section):
-    dry_run: bool = True
+    dry_run: bool = Field(True, description="shadow mode: record every step, take none")
+    policies: list[str] = Field(
+        default_factory=_default_policy_paths,
+        description="escalation policy files or directories of *.yaml")
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class UiConfig(_Section):
+    token: SecretStr | None = Field(
+        None, description="bearer token for changes (and for reading when not on loopback); "
+                          "prefer token_file or SLOGUARD_UI__TOKEN")
+    token_file: Path | None = Field(None, description="file holding the token (a Secret)")
+    session_hours: float = Field(12.0, gt=0, description="how long a browser login lasts")
+
+    def resolved_token(self) -> str | None:
+        """The token from `token`, else from `token_file` (read when asked, so a rotated
+        Secret is picked up); None when neither is set."""
+        if self.token is not None and self.token.get_secret_value():
+            return self.token.get_secret_value()
+        if self.token_file is not None:
+            try:
+                text = self.token_file.read_text().strip()
+            except OSError:
+                return None
+            return text or None
+        return None
 
 
 # -- application latency (issue #6): scrape, probe and receive the LS services' own latency --
@@ -324,6 +366,7 @@ class Settings(BaseSettings):
     actuators: ActuatorsConfig = Field(default_factory=ActuatorsConfig)
     app_latency: AppLatencyConfig = Field(default_factory=AppLatencyConfig)
     slos: Annotated[list[SloConfig], AfterValidator(_unique_slos)] = Field(default_factory=list)
+    ui: UiConfig = Field(default_factory=UiConfig)
 
     @field_validator("listen")
     @classmethod
@@ -332,6 +375,15 @@ class Settings(BaseSettings):
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"must be HOST:PORT, e.g. 127.0.0.1:8080, got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _exposed_needs_a_token(self) -> Settings:
+        host = self.listen_host_port[0]
+        if not _loopback(host) and self.ui.token is None and self.ui.token_file is None:
+            raise ValueError(
+                f"listen: {host} is not loopback, so ui.token or ui.token_file is required: the "
+                "incidents and the node's workloads must not be readable by anyone on the network")
+        return self
 
     @property
     def listen_host_port(self) -> tuple[str, int]:
@@ -350,7 +402,6 @@ class Settings(BaseSettings):
         return init_settings, env_settings, _YamlSource(settings_cls)
 
 
-
 def app_latency_wanted(settings: Settings) -> bool:
     """Whether the application-latency collector has anything to do (it costs a thread and the
     HTTP client's memory otherwise)."""
@@ -359,16 +410,21 @@ def app_latency_wanted(settings: Settings) -> bool:
         app.targets or app.probes or app.receive.enabled or settings.slos
         or (settings.kubernetes.enabled and app.pods.enabled))
 
+
+# The YAML document `load_settings` is building from. A context variable, not a class attribute:
+# each thread (and task) has its own, so two loads at once cannot see each other's file.
+_DOCUMENT: ContextVar[dict[str, Any] | None] = ContextVar("sloguard_config_document",
+                                                          default=None)
+
+
 class _YamlSource(PydanticBaseSettingsSource):
     """Feeds the already-parsed YAML document (set by `load_settings`) to pydantic-settings."""
 
-    document: ClassVar[dict[str, Any]] = {}
-
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return self.document.get(field_name), field_name, False
+        return (_DOCUMENT.get() or {}).get(field_name), field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        return dict(self.document)
+        return dict(_DOCUMENT.get() or {})
 
 
 class ConfigError(Exception):
@@ -457,14 +513,14 @@ def load_settings(
     cli_overrides = cli_overrides or {}
     env_keys = _env_keys()
     cli_keys = {(key,): flag for key, (flag, _) in cli_overrides.items()}
-    _YamlSource.document = document
+    token = _DOCUMENT.set(document)
     try:
         settings = Settings(**{key: value for key, (_, value) in cli_overrides.items()})
     except ValidationError as exc:
         loaded = LoadedSettings(Settings.model_construct(), config_file, lines, env_keys, cli_keys)
         raise ConfigError(_describe(exc, loaded)) from exc
     finally:
-        _YamlSource.document = {}
+        _DOCUMENT.reset(token)
     return LoadedSettings(settings, config_file, lines, env_keys, cli_keys)
 
 
@@ -472,12 +528,15 @@ def _describe(exc: ValidationError, loaded: LoadedSettings) -> str:
     messages = []
     for error in exc.errors():
         path = tuple(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        given = error.get("input")
+        cross = re.match(r"^([a-z_][a-z0-9_.]*): (.*)$", message, re.S) if not path else None
+        if cross:  # a check across fields names the field to fix first
+            path, message, given = tuple(cross.group(1).split(".")), cross.group(2), None
         field = ".".join(path) or "(top level)"
         where = loaded.source_of(path, nearest=True)
         if where == "default" and loaded.file:
             where = str(loaded.file)
-        message = error["msg"].removeprefix("Value error, ")
-        given = error.get("input")
         if error["type"] == "extra_forbidden":
             message = "unknown setting (check the spelling; `sloguard config show` lists them)"
         elif given is not None and error["type"] != "missing" and repr(given) not in message:

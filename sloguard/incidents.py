@@ -68,6 +68,9 @@ class Incident:
     affected: list[dict[str, str]] = field(default_factory=list)
     evidence: list[Evidence] = field(default_factory=list)
     actions: list[ActionRecord] = field(default_factory=list)
+    policy: str = ""  # the escalation policy this incident drives, from its rule
+    # what was watched: measurement, field, expr, aggregate, window (for charts and backtests)
+    signal: dict[str, str] = field(default_factory=dict)
 
     def add_evidence(self, item: Evidence) -> None:
         """Keep the first crossing and the most recent observations within a bound."""

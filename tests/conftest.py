@@ -10,13 +10,21 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from sloguard.collectors.cgroup_layout import CgroupLayout, detect_layout
 
 ON_CI = os.environ.get("CI") == "true"
+DEPLOY_BASE = Path(__file__).resolve().parent.parent / "deploy" / "base"
+# The identity deploy/base/rbac.yaml binds; the test apiserver authenticates it by a static
+# token, so the shipped ClusterRoleBinding applies to it unchanged.
+AGENT_USER = "system:serviceaccount:sloguard:sloguard-agent"
+AGENT_GROUPS = ("system:serviceaccounts", "system:serviceaccounts:sloguard")
 
 
 def need(condition: bool, reason: str) -> None:
@@ -113,8 +121,81 @@ def kube():
 
     missing = missing_binaries_message()
     need(not missing, missing)
-    with KubeTestEnv() as env:
+    env = KubeTestEnv(audit=True)  # the audit log is the record of what the agent asked for
+    env.add_token(AGENT_USER, AGENT_GROUPS)
+    with env:
         yield env
+
+
+@dataclass
+class KubeAgent:
+    """The agent's side of the test apiserver: its token, bound by the RBAC in deploy/base."""
+
+    env: Any  # support.kubeenv.KubeTestEnv
+    user: str
+    token: str
+
+    def api_client(self) -> Any:
+        return self.env.api_client(self.token)
+
+    def kubeconfig(self) -> str:
+        return self.env.kubeconfig_path(self.token)
+
+    def audit(self) -> list[dict[str, Any]]:
+        """Every request the agent's token made so far, as the apiserver audited it."""
+        return self.env.audit_events(self.user)
+
+
+def deploy_objects(base: Path = DEPLOY_BASE) -> list[dict[str, Any]]:
+    """The objects of a kustomization's `resources` files, in order."""
+    kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
+    objects = []
+    for name in kustomization["resources"]:
+        objects.extend(d for d in yaml.safe_load_all((base / name).read_text()) if d)
+    return objects
+
+
+def shipped_grants(base: Path = DEPLOY_BASE) -> set[tuple[str, str, str, str]]:
+    """(apiGroup, resource, verb, namespace or '*') for every rule of the Roles and
+    ClusterRoles a kustomization ships; wildcards, resourceNames and nonResourceURLs are
+    refused (least privilege is checked rule by rule, and those cannot be)."""
+    grants = set()
+    for obj in deploy_objects(base):
+        if obj["kind"] not in ("ClusterRole", "Role"):
+            continue
+        scope = obj["metadata"].get("namespace", "*") if obj["kind"] == "Role" else "*"
+        for rule in obj["rules"]:
+            assert "resourceNames" not in rule and "nonResourceURLs" not in rule, rule
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        assert "*" not in (group, resource, verb), f"wildcard in {rule}"
+                        grants.add((group, resource, verb, scope))
+    return grants
+
+
+@pytest.fixture(scope="session")
+def kube_agent(kube) -> KubeAgent:
+    """deploy/base applied to the test apiserver (as an admin would), and the agent's token."""
+    from kubernetes import client, utils
+
+    admin = kube.api_client()
+    for obj in deploy_objects():
+        utils.create_from_dict(admin, obj)
+    # RBAC reaches the authorizer through an informer: wait until every shipped rule is in
+    # force for the agent (whether the rules are the right ones is the tests' business).
+    deadline = time.monotonic() + 30
+    for group, resource, verb, scope in sorted(shipped_grants()):
+        name, _, subresource = resource.partition("/")
+        attributes = {"group": group, "resource": name, "subresource": subresource,
+                      "verb": verb, "namespace": "" if scope == "*" else scope}
+        review = {"spec": {"user": AGENT_USER, "groups": list(AGENT_GROUPS),
+                           "resourceAttributes": attributes}}
+        while not client.AuthorizationV1Api(admin).create_subject_access_review(
+                review).status.allowed:
+            assert time.monotonic() < deadline, f"the shipped RBAC never allowed {attributes}"
+            time.sleep(0.1)
+    return KubeAgent(kube, AGENT_USER, kube.token_of(AGENT_USER))
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ say what works.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -29,6 +30,7 @@ groups:
         for: 2s
         recover_for: 2s
         severity: warning
+        policy: ls-interference
         annotations:
           summary: "{{ $labels.workload }} uses {{ $value }} cores"
 """
@@ -108,7 +110,20 @@ def test_agent_detects_and_resolves_and_survives_restart(tmp_path, real_cgroups,
         assert incident["series"]["workload"] == "svc" and incident["series"]["class"] == "LS"
         assert incident["summary"].startswith("svc uses ")
         assert incident["evidence"][0]["value"] > 0.5
-        assert incident["actions"][0]["dry_run"] is True
+        acted = agent.wait_for(lambda: agent.incidents(state="firing")[0]["actions"], 10,
+                               "the ladder took no first step")
+        # the shipped policy's first rung; no Slack configured, so it says why it is skipped
+        assert (acted[0]["step"], acted[0]["status"], acted[0]["dry_run"]) == (
+            "notify", "skipped", True)
+        assert "no notifier configured" in acted[0]["detail"]
+        assert names["actuators"]["details"]["policies"] == ["ls-interference"]
+        [audit] = agent.get("/api/actions").json()["actions"]
+        assert (audit["incident"], audit["kind"], audit["action"], audit["status"]) == (
+            incident["id"], "notify", "apply", "skipped")
+        assert "firing for" in audit["reason"]
+        assert re.search(r"rung 1/\d+ of policy ls-interference", audit["reason"])
+        policies = agent.get("/api/policies").json()
+        assert policies["dry_run"] is True and policies["in_force"][0]["kind"] == "notify"
 
         metrics = agent.get("/metrics").text
         assert 'sloguard_incidents{state="firing"} 1.0' in metrics

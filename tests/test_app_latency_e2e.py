@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
 import time
 
 import httpx
 from support.latency_service import LatencyService, Traffic, closed_port
-from test_agent_e2e import AgentProcess
+from test_agent_e2e import AgentProcess, _free_port
 
 from sloguard.store import WindowQuery
 from sloguard.store.embedded import open_store
@@ -86,7 +87,7 @@ def test_shipped_slo_rule_fires_when_scraped_latency_is_injected(tmp_path, slogu
             assert (f'sloguard_target_up{{kind="scrape",service="web",target="{svc.url}/metrics"}}'
                     " 1.0") in metrics
             assert "sloguard_target_scrape_duration_seconds{" in metrics
-            page = agent.get("/").text
+            page = agent.get("/node").text
             assert "Application targets" in page and f"{svc.url}/metrics" in page
             assert "&lt;script&gt;x&lt;/script&gt;" in page and "<script>x" not in page
         finally:
@@ -193,3 +194,42 @@ def test_receive_endpoint_authenticates_validates_and_feeds_the_rules(tmp_path, 
         assert lp.fields == {"p99": 42.5, "requests": 10.0} and lp.tags["namespace"] == "n1"
     finally:
         store.close()
+
+
+class ExposedAgent(AgentProcess):
+    """The agent listening beyond loopback (all addresses), where the UI wants its own token."""
+
+    def __init__(self, binary: str, config, data, log) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [binary, "run", "-c", str(config), "--data-dir", str(data),
+                 "--listen", f"0.0.0.0:{self.port}"], stdout=out, stderr=subprocess.STDOUT)
+        self.wait_for(lambda: self.get("/healthz").status_code == 200, 30, "agent never healthy")
+
+
+def test_receive_token_and_ui_token_are_separate_off_loopback(tmp_path, sloguard_bin):
+    config = tmp_path / "sloguard.yaml"
+    config.write_text(
+        "interval: 500ms\n"
+        "collectors: {cgroups: {enabled: false}}\n"
+        "ui: {token: ui-token-7a1}\n"
+        f"app_latency: {{receive: {{enabled: true, token: {TOKEN}}}}}\n"
+    )
+    agent = ExposedAgent(sloguard_bin, config, tmp_path / "data", tmp_path / "agent.log")
+    try:
+        body = json.dumps({"observations": [{"service": "web", "latency_ms": [5.0]}]})
+
+        def post(token):
+            return httpx.post(f"{agent.url}/api/v1/observations", content=body, timeout=10,
+                              headers={"Authorization": f"Bearer {token}"})
+
+        assert httpx.get(f"{agent.url}/api/incidents", timeout=10).status_code == 401
+        assert post(TOKEN).status_code == 200  # pushers need not hold the UI's token
+        assert post("ui-token-7a1").status_code == 401  # nor may the UI's token push
+        assert httpx.post(f"{agent.url}/api/v1/write", content="app_latency,service=w p99=1",
+                          timeout=10).status_code == 401
+    finally:
+        agent.terminate()

@@ -118,6 +118,12 @@ def test_kubernetes_pod_layouts_are_recognised(real_cgroups):
         "container", "burstable", "LS", uid_sd, cid)
     qos = _by(samples, "container_memory", f"{real_cgroups.prefix}/kubepods/besteffort").tags
     assert (qos["level"], qos["class"]) == ("qos", "BE")
+    # per-pod usage for the eviction ranking: the pod cgroup's own figures, by pod uid
+    pod_cpu = _by(samples, "container_cpu", f"{real_cgroups.prefix}/kubepods/besteffort/"
+                                            f"pod{uid_fs}").fields
+    assert collector.usage(uid_fs, "cpu") == pod_cpu["usage_cores"]
+    assert collector.usage(uid_fs, "memory") > 0
+    assert collector.usage("no-such-pod", "cpu") is None
 
 
 def test_container_that_exits_mid_read_is_skipped_and_counted(real_cgroups):

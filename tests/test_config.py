@@ -180,3 +180,28 @@ def test_rules_check_command(tmp_path, sloguard_bin):
     twice = subprocess.run([sloguard_bin, "rules", "check", str(good), str(dup)],
                            capture_output=True, text=True, timeout=60)
     assert twice.returncode == 1 and "rule g/A is already defined at" in twice.stderr
+
+
+def test_concurrent_loads_see_only_their_own_file(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    files = []
+    for i in range(6):
+        path = tmp_path / f"c{i}.yaml"
+        path.write_text(f"node_name: node-{i}\ninterval: {i + 1}s\n")
+        files.append(path)
+
+    def load(i: int) -> tuple[str, float]:
+        settings = load_settings(files[i % 6]).settings
+        return settings.node_name, settings.interval
+
+    import sys
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can: races show up
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            got = list(pool.map(load, range(600)))
+    finally:
+        sys.setswitchinterval(switch)
+    assert got == [(f"node-{i % 6}", float(i % 6 + 1)) for i in range(600)]

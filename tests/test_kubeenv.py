@@ -46,7 +46,7 @@ class KubeEnvHandle:
 def kube_env() -> Iterator[KubeEnvHandle]:
     if MISSING:  # only reached when CI is set: a missing binary is a failure there
         pytest.fail(MISSING, pytrace=False)
-    kube = KubeTestEnv()
+    kube = KubeTestEnv(audit=True)
     restricted = kube.add_token("nobody", ["sloguard:no-bindings"])
     with kube:
         yield KubeEnvHandle(kube, restricted)
@@ -164,6 +164,14 @@ def test_restricted_token_is_forbidden(kube_env: KubeEnvHandle, kube_namespace: 
     assert "nobody" in err.value.body
     # The admin token can do the same call.
     kube_env.core.list_namespaced_pod(namespace)
+    # The audit log records both, with who asked, what, and the answer.
+    [refused] = kube_env.kube.audit_events("nobody")
+    assert (refused["verb"], refused["objectRef"]["resource"]) == ("list", "pods")
+    assert refused["objectRef"]["namespace"] == namespace
+    assert refused["responseStatus"]["code"] == 403
+    admin = [e for e in kube_env.kube.audit_events("admin")
+             if e.get("objectRef", {}).get("namespace") == namespace and e["verb"] == "list"]
+    assert admin and admin[-1]["responseStatus"]["code"] == 200
 
 
 def test_pdb_blocks_eviction(

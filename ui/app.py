@@ -6,20 +6,63 @@ from the cluster or a rule file and is escaped by Jinja2's autoescaping.
 
 from __future__ import annotations
 
+import time
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
-from fastapi import FastAPI, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi import FastAPI, Form, HTTPException, Query, Request
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
+from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field
 
 from sloguard import __version__
 from sloguard.incidents import SEVERITIES, STATES
+from sloguard.ui.auth import SESSION_COOKIE, Auth
+from sloguard.ui.pages import add_pages
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
+STATIC = Path(__file__).parent / "static"
+CHART_MARGIN_NS = 300 * 10**9  # the series is shown from 5 min before the incident to 5 after
+CHART_MAX_POINTS = 20_000
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such incident"}}
+CHANGE_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"description": "no or wrong bearer token"},
+    403: {"description": "changes are disabled on this agent (no ui.token configured)"}}
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/login", "/logout"})
+
+
+class ChangeBody(BaseModel):
+    author: str = Field(min_length=1, max_length=100, description="who, for the record")
+    comment: str = Field("", max_length=2000)
+
+
+def _change(agent: Any, incident_id: str, what: str, author: str,
+            comment: str) -> dict[str, Any]:
+    engine = agent.engine
+    act = engine.acknowledge if what == "ack" else engine.resolve_by_hand
+    try:
+        incident = agent.call_on_loop(lambda: act(incident_id, author, comment, time.time_ns()))
+    except KeyError:
+        raise HTTPException(404, "no such incident") from None
+    except ValueError as exc:
+        raise HTTPException(409, str(exc)) from None
+    return incident.to_dict()
+
+
+def _local(target: str) -> str:
+    """Only same-site paths as redirect targets (no open redirect through ?next=)."""
+    return target if target.startswith("/") and not target.startswith("//") else "/"
 
 
 def _when(ns: int | None) -> str:
@@ -45,19 +88,38 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
                 agent.stop()
 
     app = FastAPI(title="sloguard", version=__version__, lifespan=lifespan)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    auth = Auth(agent.settings)
+    app.state.auth = auth
     app_latency = getattr(agent, "app_latency", None)
+    own_auth: frozenset[str] = frozenset()  # paths that check a token of their own
     if app_latency is not None and agent.settings.app_latency.receive.enabled:
-        from sloguard.ui.receive import receive_router
+        from sloguard.ui.receive import RECEIVE_PATHS, receive_router
 
         app.include_router(receive_router(app_latency, agent.settings.app_latency.receive,
                                           agent.node))
+        own_auth = RECEIVE_PATHS
 
-    @app.get("/healthz", tags=["health"])
+    @app.middleware("http")
+    async def reading_needs_a_login_off_loopback(request: Request, call_next: Any) -> Response:
+        path = request.url.path
+        if auth.read_open or path in OPEN_PATHS or path in own_auth or (
+                path.startswith("/static/")) or auth.authenticated(request):
+            return await call_next(request)
+        if path.startswith("/api/") or path == "/metrics" or path == "/openapi.json":
+            return JSONResponse({"detail": "this agent listens beyond loopback: send "
+                                           "Authorization: Bearer <ui.token>, or log in"},
+                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        return RedirectResponse(f"/login?next={quote(path)}", status_code=303)
+
+    @app.get("/healthz", tags=["health"], responses={
+        503: {"description": "the agent's loop has not ticked recently: restart it"}})
     def healthz() -> Response:
         ok = agent.alive()
         return JSONResponse({"ok": ok, "ticks": agent.ticks}, status_code=200 if ok else 503)
 
-    @app.get("/readyz", tags=["health"])
+    @app.get("/readyz", tags=["health"], responses={
+        503: {"description": "not ready: a component it needs does not work (see components)"}})
     def readyz() -> Response:
         components = [c.as_dict() for c in agent.components()]
         ready = agent.ready()
@@ -66,16 +128,17 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
             status_code=200 if ready else 503,
         )
 
-    @app.get("/metrics", tags=["health"])
+    @app.get("/metrics", tags=["health"], response_class=PlainTextResponse, responses={
+        200: {"content": {"text/plain": {}},
+              "description": "Prometheus text exposition format"}})
     def metrics() -> Response:
         return Response(generate_latest(agent.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/api/incidents", tags=["incidents"])
     def list_incidents(
-        state: Annotated[str | None, Query(description=f"one of {', '.join(STATES)}")] = None,
+        state: Annotated[Literal[STATES] | None, Query()] = None,  # type: ignore[valid-type]
         severity: Annotated[
-            str | None, Query(description=f"one of {', '.join(SEVERITIES)}")
-        ] = None,
+            Literal[SEVERITIES] | None, Query()] = None,  # type: ignore[valid-type]
         rule: str | None = None,
         node: str | None = None,
         since: Annotated[
@@ -84,17 +147,13 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
         until: Annotated[datetime | None, Query(description="started before (ISO 8601)")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     ) -> dict[str, Any]:
-        if state is not None and state not in STATES:
-            raise HTTPException(422, f"state must be one of {', '.join(STATES)}")
-        if severity is not None and severity not in SEVERITIES:
-            raise HTTPException(422, f"severity must be one of {', '.join(SEVERITIES)}")
         found = agent.incidents.query(
             state=state, severity=severity, rule=rule, node=node,
             since_ns=_ns(since), until_ns=_ns(until), limit=limit,
         )
         return {"incidents": [i.to_dict() for i in found]}
 
-    @app.get("/api/incidents/{incident_id}", tags=["incidents"])
+    @app.get("/api/incidents/{incident_id}", tags=["incidents"], responses=NOT_FOUND)
     def get_incident(incident_id: str) -> dict[str, Any]:
         incident = agent.incidents.get(incident_id)
         if incident is None:
@@ -116,19 +175,171 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
             "file_errors": agent.rules.errors,
         }
 
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def index(request: Request, state: str | None = None) -> Response:
-        if state not in STATES:
-            state = None
-        found = agent.incidents.query(state=state, limit=200)
-        return TEMPLATES.TemplateResponse(
-            request, "index.html",
-            {"incidents": found, "node": agent.node, "state": state, "states": STATES,
-             "components": agent.components(), "version": __version__,
-             "targets": app_latency.target_status() if app_latency is not None else []},
-        )
+    @app.get("/api/incidents/{incident_id}/series", tags=["incidents"], responses=NOT_FOUND)
+    def incident_series(incident_id: str) -> dict[str, Any]:
+        """The series that triggered the incident, around it, with the thresholds it was judged
+        against and the times of every action: what the incident page charts."""
+        incident = agent.incidents.get(incident_id)
+        if incident is None:
+            raise HTTPException(404, "no such incident")
+        return incident_chart(agent.store, incident, time.time_ns())
 
+    @app.post("/api/incidents/{incident_id}/ack", tags=["incidents"],
+              responses={**NOT_FOUND, **CHANGE_ERRORS})
+    def acknowledge(incident_id: str, body: ChangeBody, request: Request) -> dict[str, Any]:
+        """Acknowledge an incident (someone is on it). Needs the bearer token."""
+        auth.require_change(request)
+        return _change(agent, incident_id, "ack", body.author, body.comment)
+
+    @app.post("/api/incidents/{incident_id}/resolve", tags=["incidents"],
+              responses={**NOT_FOUND, **CHANGE_ERRORS,
+                         409: {"description": "already resolved"}})
+    def resolve(incident_id: str, body: ChangeBody, request: Request) -> dict[str, Any]:
+        """Resolve an incident by hand; if its condition still holds, the rule opens a new one
+        after its `for`. Needs the bearer token."""
+        auth.require_change(request)
+        return _change(agent, incident_id, "resolve", body.author, body.comment)
+
+    @app.post("/incidents/{incident_id}/{what}", include_in_schema=False)
+    def change_from_the_browser(
+        incident_id: str, what: str, request: Request,
+        author: Annotated[str, Form(min_length=1, max_length=100)],
+        csrf: Annotated[str, Form()] = "",
+        comment: Annotated[str, Form(max_length=2000)] = "",
+    ) -> Response:
+        if what not in ("ack", "resolve"):
+            raise HTTPException(404, "no such change")
+        auth.require_change(request, csrf)
+        _change(agent, incident_id, what, author, comment)
+        return RedirectResponse(f"/incidents/{quote(incident_id)}", status_code=303)
+
+    @app.get("/login", response_class=HTMLResponse, include_in_schema=False)
+    def login_page(request: Request, next: str = "/", failed: bool = False) -> Response:
+        return TEMPLATES.TemplateResponse(request, "login.html", {
+            "node": agent.node, "version": __version__, "page": "", "next": _local(next),
+            "failed": failed, "enabled": auth._token() is not None})
+
+    @app.post("/login", include_in_schema=False)
+    def login(token: Annotated[str, Form()], next: Annotated[str, Form()] = "/") -> Response:
+        cookie = auth.login(token)
+        if cookie is None:
+            return RedirectResponse(f"/login?failed=true&next={quote(_local(next))}",
+                                    status_code=303)
+        response = RedirectResponse(_local(next), status_code=303)
+        response.set_cookie(SESSION_COOKIE, cookie, httponly=True, samesite="strict",
+                            max_age=int(agent.settings.ui.session_hours * 3600))
+        return response
+
+    @app.post("/logout", include_in_schema=False)
+    def logout() -> Response:
+        response = RedirectResponse("/", status_code=303)
+        response.delete_cookie(SESSION_COOKIE)
+        return response
+
+    @app.get("/api/actions", tags=["actions"])
+    def actions(
+        since: Annotated[datetime | None, Query(description="at or after (ISO 8601)")] = None,
+        step: Annotated[str | None, Query(description="one step kind, e.g. cordon")] = None,
+        incident: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+    ) -> dict[str, Any]:
+        """The audit log: every step applied or undone (or proposed, in dry-run), newest
+        first, with its incident, target, outcome and the reason the ladder took it."""
+        found = agent.ledger.audit_log(since_ns=_ns(since) or 0, kind=step, incident=incident,
+                                       limit=limit)
+        return {"actions": [vars(entry) for entry in found]}
+
+    @app.get("/api/policies", tags=["actions"])
+    def policies() -> dict[str, Any]:
+        """Loaded escalation policies, the rungs in force on this node, and what works here."""
+        return {
+            "dry_run": agent.settings.actuators.dry_run,
+            "policies": [{"name": p.name, "source": p.source,
+                          "spec": p.spec.model_dump(exclude_defaults=False)}
+                         for p in (agent.policies.get(n) for n in agent.policies.names) if p],
+            "file_errors": agent.policies.errors,
+            "errors": agent.ladder.errors,
+            "in_force": [vars(r) for r in agent.ledger.rungs()],
+            "levers": {kind: {"tried": tried, "worked": worked}
+                       for kind, (tried, worked) in agent.ledger.lever_stats().items()},
+        }
+
+    @app.get("/incidents/{incident_id}", response_class=HTMLResponse, include_in_schema=False)
+    def incident_page(request: Request, incident_id: str) -> Response:
+        incident = agent.incidents.get(incident_id)
+        if incident is None:
+            raise HTTPException(404, "no such incident")
+        audit = agent.ledger.audit_log(incident=incident_id, limit=200)
+        timeline = sorted(
+            [("evidence", e.time_ns, e) for e in incident.evidence]
+            + [("action", a.time_ns, a) for a in incident.actions]
+            + [("state", t, label) for t, label in (
+                (incident.fired_ns, "fired"), (incident.resolved_ns, "resolved")) if t],
+            key=lambda entry: entry[1])
+        return TEMPLATES.TemplateResponse(request, "incident.html", {
+            "i": incident, "node": agent.node, "version": __version__, "page": "incidents",
+            "audit": list(reversed(audit)), "timeline": timeline,
+            "changes": auth._token() is not None,
+            "csrf": auth.csrf(auth.session(request)),
+        })
+
+    add_pages(app, agent, TEMPLATES)
     return app
+
+
+def incident_chart(store: Any, incident: Any, now_ns: int) -> dict[str, Any]:
+    """Aligned columns for uPlot: x (seconds), the value, and the threshold in force (from the
+    evidence, held until the next one), plus action and state-change markers."""
+    from sloguard.selectors import Matcher
+    from sloguard.store import WindowQuery
+
+    signal = incident.signal
+    start = incident.started_ns - CHART_MARGIN_NS
+    end = (incident.resolved_ns or now_ns) + CHART_MARGIN_NS
+    points: list[tuple[int, float]] = []
+    error = ""
+    if signal.get("measurement") and signal.get("field"):
+        matchers = tuple(Matcher(k, "=", v) for k, v in incident.series.items())
+        try:
+            samples = store.read_samples(WindowQuery(
+                signal["measurement"], start, end, fields=(signal["field"],),
+                matchers=matchers))
+        except Exception as exc:  # the page still shows the evidence
+            error = f"cannot read the series: {exc}"
+            samples = []
+        for sample in samples:
+            if sample.tags == incident.series or all(
+                    sample.tags.get(k) == v for k, v in incident.series.items()):
+                value = sample.fields.get(signal["field"])
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    points.append((sample.time_ns, float(value)))
+    else:
+        error = "this incident does not say which series it watched"
+    points.sort()
+    if len(points) > CHART_MAX_POINTS:
+        stride = -(-len(points) // CHART_MAX_POINTS)
+        points = points[::stride]
+    evidence = sorted((e.time_ns, e.threshold) for e in incident.evidence)
+    times = sorted({t for t, _ in points} | {t for t, _ in evidence})
+    values = dict(points)
+    thresholds, current, ei = [], None, 0
+    for t in times:
+        while ei < len(evidence) and evidence[ei][0] <= t:
+            current = evidence[ei][1]
+            ei += 1
+        thresholds.append(current)
+    marks = [{"t": a.time_ns / 1e9, "label": f"{a.step} {a.status}", "dry_run": a.dry_run}
+             for a in incident.actions]
+    return {
+        "x": [t / 1e9 for t in times],
+        "value": [values.get(t) for t in times],
+        "threshold": thresholds,
+        "field": signal.get("field", ""), "expr": signal.get("expr", ""),
+        "started": incident.started_ns / 1e9,
+        "fired": incident.fired_ns / 1e9 if incident.fired_ns else None,
+        "resolved": incident.resolved_ns / 1e9 if incident.resolved_ns else None,
+        "actions": marks, "error": error,
+    }
 
 
 def _ns(moment: datetime | None) -> int | None:
@@ -136,4 +347,6 @@ def _ns(moment: datetime | None) -> int | None:
         return None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1e9)
+    # nanoseconds since the epoch fit int64 only until 2262: later (or far earlier) dates are
+    # clamped, so "since year 3000" is simply an empty answer, not a failed query
+    return max(-(2**63), min(int(moment.timestamp() * 1e9), 2**63 - 1))

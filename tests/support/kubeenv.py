@@ -37,7 +37,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -175,6 +175,10 @@ class KubeTestEnv:
     verifies the serving certificate), ``insecure`` (always False: TLS is verified),
     ``admin_token`` (user ``admin``, group ``system:masters``), ``workdir`` (temp dir holding
     data, certificates, kubeconfigs and the ``*.log`` file of each process).
+
+    With ``audit=True`` the apiserver writes an audit log (every request at the Metadata level:
+    who, verb, resource, subresource, response code), read back with ``audit_events()``: the
+    record of what a client really asked for, which is what a least-privilege check needs.
     """
 
     def __init__(
@@ -185,12 +189,14 @@ class KubeTestEnv:
         stop_grace: float = 5.0,
         controllers: str = CONTROLLERS,
         keep_workdir: bool = False,
+        audit: bool = False,
     ) -> None:
         self.bin_dir = Path(bin_dir) if bin_dir is not None else cache_bin_dir()
         self.start_timeout = start_timeout
         self.stop_grace = stop_grace
         self.controllers = controllers
         self.keep_workdir = keep_workdir or bool(os.environ.get("SLOGUARD_KUBEENV_KEEP"))
+        self.audit = audit
         self.admin_token = secrets.token_hex(24)
         self.insecure = False
         self.server = ""
@@ -214,6 +220,13 @@ class KubeTestEnv:
         self._tokens.append((token, user, list(groups)))
         return token
 
+    def token_of(self, user: str) -> str:
+        """The token registered for ``user`` by ``add_token`` (the first one)."""
+        for token, name, _ in self._tokens:
+            if name == user:
+                return token
+        raise KeyError(f"no token registered for {user!r}")
+
     @property
     def ca_file(self) -> str:
         """Path of the CA certificate that signed the apiserver's serving certificate."""
@@ -224,6 +237,26 @@ class KubeTestEnv:
         """The cached kubectl v1.20.2 (use with ``--kubeconfig``), or None if absent."""
         path = self.bin_dir / "kubectl"
         return str(path) if os.access(path, os.X_OK) else None
+
+    def audit_events(self, user: str | None = None) -> list[dict[str, Any]]:
+        """The apiserver's audit events so far, of ``user`` if given: one per request at
+        ResponseComplete (or Panic), plus ResponseStarted for long-running ones (watch).
+
+        Each is the audit.k8s.io/v1 Event as logged: ``verb``, ``user.username``,
+        ``objectRef`` (``apiGroup``, ``resource``, ``subresource``, ``namespace``, ``name``;
+        absent for non-resource URLs such as /apis), ``responseStatus.code``.
+        """
+        if not self.audit:
+            raise KubeTestEnvError("the env was started without audit=True")
+        events = []
+        with open(self._dir("kube-apiserver") / "audit.log") as fh:
+            for line in fh:
+                if not line.endswith("\n"):
+                    break  # a line still being written
+                event = json.loads(line)
+                if user is None or event.get("user", {}).get("username") == user:
+                    events.append(event)
+        return events
 
     def log_path(self, process: str) -> Path:
         """Log file of ``etcd``, ``kube-apiserver`` or ``kube-controller-manager``."""
@@ -439,6 +472,23 @@ class KubeTestEnv:
     def _start_apiserver(self, binary: Path, etcd_port: int, port: int) -> None:
         pki = self._dir("pki")
         self.server = f"https://127.0.0.1:{port}"
+        audit: list[str] = []
+        if self.audit:
+            policy = self._dir("apiserver-auth") / "audit-policy.json"
+            policy.write_text(json.dumps({
+                "apiVersion": "audit.k8s.io/v1",
+                "kind": "Policy",
+                "omitStages": ["RequestReceived"],
+                "rules": [{"level": "Metadata"}],
+            }) + "\n")
+            log = self._dir("kube-apiserver") / "audit.log"
+            log.touch()
+            audit = [
+                f"--audit-policy-file={policy}",
+                f"--audit-log-path={log}",
+                "--audit-log-format=json",
+                "--audit-log-mode=blocking",  # each event written by the request's handler
+            ]
         proc = self._spawn(
             "kube-apiserver",
             [
@@ -463,6 +513,7 @@ class KubeTestEnv:
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
+                *audit,
             ],
         )
         context = ssl.create_default_context(cafile=self.ca_file)

@@ -1,0 +1,300 @@
+"""The escalation ladder: one rung more while interference persists, back down on recovery.
+
+Per policy, the node climbs one rung at a time: rung k+1 is applied when an incident under that
+policy is still firing `after` seconds past rung k (the hold in which the previous lever had its
+chance to help). While any incident under the policy fires, nothing is undone. When none fires
+(the rule's own hysteresis and `recover_for` have passed), the rungs are undone in reverse order,
+one every `undo_hold`, so a returning interference finds most levers still in place.
+
+Safety, in one place:
+- dry-run (global `actuators.dry_run`, or per step) runs the same ladder in shadow mode: every
+  rung is recorded as "proposed" and nothing on the node changes;
+- stale evidence (no value within `stale_after`) never escalates past cordon;
+- what is in force is persisted (actuators/ledger.py) before the next tick, so a restart
+  neither applies a rung twice nor forgets to undo one;
+- a failed step is recorded and retried with backoff; escalation goes on meanwhile (a dead API
+  server must not keep the node from protecting its LS pods with local levers);
+- the same lever held by two policies is lifted only when the last one lets go.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from sloguard.actuators.ledger import AuditEntry, Ledger, RungState
+from sloguard.actuators.policy import Policy, PolicySet, Rung, StepSpec
+from sloguard.actuators.step import (
+    DONE,
+    FAILED,
+    PROPOSED,
+    SKIPPED,
+    UNDONE,
+    StepContext,
+    StepResult,
+)
+from sloguard.incidents import FIRING, ActionRecord, Incident
+
+log = logging.getLogger(__name__)
+
+SAFE_WHEN_STALE = ("notify", "cordon")  # all that stale metrics may ever trigger
+BACKOFF_S = (5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def backoff_ns(attempts: int) -> int:
+    return int(BACKOFF_S[min(attempts, len(BACKOFF_S)) - 1] * 1e9)
+
+
+class Ladder:
+    """The node's escalation state machine; the engine's IncidentActuator."""
+
+    def __init__(
+        self,
+        node: str,
+        policies: PolicySet,
+        ledger: Ledger,
+        make_step: Callable[[StepSpec], Any],
+        save_incident: Callable[[Incident], None],
+        load_incident: Callable[[str], Incident | None],
+        inventory: Callable[[], list[dict[str, str]]] = lambda: [],
+        dry_run: bool = True,
+        open_incidents: Callable[[], list[Incident]] = lambda: [],
+    ) -> None:
+        self.node = node
+        self.policies = policies
+        self.ledger = ledger
+        self.make_step = make_step
+        self.save_incident = save_incident
+        self.load_incident = load_incident
+        self.inventory = inventory
+        self.dry_run = dry_run
+        self.open_incidents = open_incidents
+        self.errors: dict[str, str] = {}  # policy name -> why it cannot run
+        self._undo_due: dict[str, int] = {}
+        self._was_firing: set[str] = set()
+        self._held: set[tuple[str, int]] = set()  # (policy, rung) held for stale evidence
+
+    # -- the engine's hooks ------------------------------------------------------------------
+
+    def on_firing(self, incident: Incident, now_ns: int) -> list[ActionRecord]:
+        return []  # the ladder acts in `tick`, right after the evaluation that fired
+
+    def on_resolved(self, incident: Incident, now_ns: int) -> list[ActionRecord]:
+        return []  # undone in `tick` once no incident under the policy fires
+
+    # -- one tick ------------------------------------------------------------------------------
+
+    def tick(self, now_ns: int, firing: list[Incident]) -> None:
+        by_policy: dict[str, list[Incident]] = defaultdict(list)
+        for incident in firing:
+            if incident.policy:
+                by_policy[incident.policy].append(incident)
+        in_force: dict[str, list[RungState]] = defaultdict(list)
+        for row in self.ledger.rungs():
+            in_force[row.policy].append(row)
+        for name in sorted(set(by_policy) | set(in_force)):
+            rows = sorted(in_force.get(name, []), key=lambda r: r.rung)
+            policy = self.policies.get(name)
+            if by_policy.get(name):
+                if policy is None:
+                    self.errors[name] = f"policy {name!r} is not loaded; nothing escalates"
+                    continue
+                self.errors.pop(name, None)
+                self._climb(policy, rows, by_policy[name], now_ns)
+                self._was_firing.add(name)
+            else:
+                if name in self._was_firing:
+                    self._was_firing.discard(name)
+                    self._learn(name, rows)
+                self._descend(name, policy, rows, now_ns)
+
+    def _climb(self, policy: Policy, rows: list[RungState], firing: list[Incident],
+               now_ns: int) -> None:
+        order = self.ledger.episode(policy.name)
+        if order is None:
+            order = self.lever_order()
+            self.ledger.start_episode(policy.name, order, now_ns)
+        rungs = policy.rungs(order)
+        driver = min(firing, key=lambda i: i.fired_ns or i.started_ns)
+        self._undo_due.pop(policy.name, None)
+        for row in rows:  # failed rungs whose backoff is over
+            if row.status == FAILED and row.retry_ns and now_ns >= row.retry_ns and (
+                    row.rung < len(rungs)):
+                self._apply(policy, rungs[row.rung], driver, now_ns, row.attempts + 1,
+                            "retry after a failure")
+        if rows:
+            last = rows[-1]
+            repeat = rungs[last.rung].spec.repeat if last.rung < len(rungs) else None
+            if repeat and now_ns >= last.applied_ns + int(repeat * 1e9) and self._fresh(
+                    firing, now_ns, policy):
+                self._apply(policy, rungs[last.rung], driver, now_ns, 1,
+                            f"interference persists {repeat:g}s after the last "
+                            f"{last.kind}: repeating it")
+        k = rows[-1].rung + 1 if rows else 0
+        if k >= len(rungs):
+            return
+        rung = rungs[k]
+        base = rows[-1].applied_ns if rows else min(i.fired_ns or i.started_ns for i in firing)
+        if now_ns < base + int(rung.spec.after * 1e9):
+            return
+        if rung.spec.step not in SAFE_WHEN_STALE and not self._fresh(firing, now_ns, policy):
+            if (policy.name, k) not in self._held:
+                self._held.add((policy.name, k))
+                log.warning("policy %s: holding before %s: no fresh evidence for %gs",
+                            policy.name, rung.spec.step, policy.spec.stale_after)
+            return
+        self._held.discard((policy.name, k))
+        since = (now_ns - (driver.fired_ns or driver.started_ns)) / 1e9
+        previous = f"{rows[-1].kind} did not end it" if rows else "first rung"
+        reason = (f"{driver.rule} firing for {since:.0f}s; {previous}; rung {k + 1}/{len(rungs)} "
+                  f"of policy {policy.name}")
+        self._apply(policy, rung, driver, now_ns, 1, reason)
+
+    def _descend(self, name: str, policy: Policy | None, rows: list[RungState],
+                 now_ns: int) -> None:
+        if not rows:
+            if self.ledger.episode(name) is not None:
+                self.ledger.end_episode(name)
+            return
+        if now_ns < self._undo_due.get(name, 0):
+            return
+        if any(i.policy == name and i.state == FIRING and i.node == self.node
+               for i in self.open_incidents()):
+            # Still firing in the store, but not evaluated (its rule file failed to load after
+            # a restart, say): not a recovery. Hold every lever where it is.
+            return
+        hold = policy.spec.undo_hold if policy is not None else 30.0
+        row = rows[-1]
+        done = self._undo(row, now_ns, f"no incident under policy {name} fires any more")
+        if done and len(rows) == 1:
+            self.ledger.end_episode(name)  # all the way down: the next episode starts afresh
+        self._undo_due[name] = now_ns + (int(hold * 1e9) if done else backoff_ns(
+            row.undo.get("_undo_attempts", 1)))
+
+    # -- applying and undoing ------------------------------------------------------------------
+
+    def _context(self, incident_id: str, dry_run: bool, now_ns: int, reason: str,
+                 resource: str = "") -> StepContext:
+        return StepContext(self.node, now_ns, dry_run, incident_id, reason, self.inventory,
+                           resource)
+
+    def _apply(self, policy: Policy, rung: Rung, incident: Incident, now_ns: int,
+               attempts: int, reason: str) -> None:
+        spec = rung.spec
+        dry_run = self.dry_run or spec.dry_run
+        ctx = self._context(incident.id, dry_run, now_ns, reason,
+                            incident.labels.get("resource", ""))
+        result = self._run(spec, lambda step: step.apply(ctx))
+        retry_ns = now_ns + backoff_ns(attempts) if result.status == FAILED and result.retry \
+            else 0
+        self.ledger.put(RungState(
+            policy.name, rung.index, spec.step, result.status, incident.id, dry_run,
+            result.undo, now_ns, attempts, retry_ns, spec.model_dump(), result.target))
+        self._record(incident, policy.name, rung.index, spec.step, "apply", dry_run, result,
+                     reason, now_ns)
+        if result.status == FAILED:
+            log.error("policy %s: %s failed: %s%s", policy.name, spec.step, result.detail,
+                      " (will retry)" if retry_ns else "")
+
+    def _undo(self, row: RungState, now_ns: int, reason: str) -> bool:
+        """Undo one rung in force; False when it failed and stays for a retry."""
+        spec = StepSpec.model_validate(row.spec or {"step": row.kind})
+        if row.status in (FAILED, SKIPPED):
+            self.ledger.remove(row.policy, row.rung)  # nothing was changed: nothing to undo
+            return True
+        params = (row.spec or {}).get("params", {})
+        others = [r for r in self.ledger.rungs() if r.kind == row.kind and r.target ==
+                  row.target and (r.spec or {}).get("params", {}) == params
+                  and (r.policy, r.rung) != (row.policy, row.rung) and r.status == DONE]
+        if row.status == DONE and others:
+            result = StepResult(SKIPPED, row.target,
+                                f"kept: rung {others[0].rung + 1} of policy {others[0].policy} "
+                                f"still holds {row.kind}")
+        else:
+            ctx = self._context(row.incident, row.dry_run or row.status == PROPOSED, now_ns,
+                                reason)
+            result = self._run(spec, lambda step: step.undo(ctx, row.undo))
+        if result.status == FAILED:
+            row.undo["_undo_attempts"] = row.undo.get("_undo_attempts", 0) + 1
+            self.ledger.put(row)
+        else:
+            self.ledger.remove(row.policy, row.rung)
+        incident = self.load_incident(row.incident)
+        self._record(incident, row.policy, row.rung, row.kind, "undo",
+                     row.dry_run or row.status == PROPOSED, result, reason, now_ns)
+        return result.status != FAILED
+
+    def _run(self, spec: StepSpec, action: Callable[[Any], StepResult]) -> StepResult:
+        target = f"node/{self.node}"
+        try:
+            step = self.make_step(spec)
+        except Exception as exc:
+            return StepResult(FAILED, target, f"cannot build the step: {exc}")
+        missing = step.available()
+        if missing:
+            return StepResult(SKIPPED, target, f"unavailable: {missing}")
+        try:
+            return action(step)
+        except Exception as exc:  # a step that raises is a failed step, retried
+            return StepResult(FAILED, target, f"{exc.__class__.__name__}: {exc}", retry=True)
+
+    def _record(self, incident: Incident | None, policy: str, rung: int, kind: str,
+                action: str, dry_run: bool, result: StepResult, reason: str,
+                now_ns: int) -> None:
+        incident_id = incident.id if incident is not None else ""
+        self.ledger.audit(AuditEntry(now_ns, self.node, incident_id, policy, rung, kind, action,
+                                     dry_run, result.status, result.target, result.detail,
+                                     reason))
+        if incident is None:
+            return
+        status = result.status
+        if action == "undo" and status == DONE:
+            status = UNDONE
+        step = kind if action == "apply" else f"undo {kind}"
+        incident.actions.append(ActionRecord(now_ns, step, result.target, dry_run, status,
+                                             result.detail))
+        self.save_incident(incident)
+
+    # -- what worked ---------------------------------------------------------------------------
+
+    def _fresh(self, firing: list[Incident], now_ns: int, policy: Policy) -> bool:
+        limit = int(policy.spec.stale_after * 1e9)
+        for incident in firing:
+            times = [e.time_ns for e in incident.evidence if e.value is not None]
+            if times and now_ns - max(times) <= limit:
+                return True
+        return False
+
+    def _learn(self, name: str, rows: list[RungState]) -> None:
+        """The interference ended: the last lever applied (for real) worked, the ones before it
+        in this episode did not. The next episode tries the levers that work here first."""
+        policy = self.policies.get(name)
+        if policy is None:
+            return
+        lever_rungs = {r.index for r in policy.rungs(self.ledger.episode(name))
+                       if r.lever_group is not None}
+        levers = [row for row in rows if row.rung in lever_rungs and row.status == DONE
+                  and not row.dry_run]
+        if not levers:
+            return
+        for row in levers[:-1]:
+            self.ledger.lever_record(row.kind, worked=False)
+        winner = levers[-1]
+        self.ledger.lever_record(winner.kind, worked=True)
+        incident = self.load_incident(winner.incident)
+        if incident is not None:
+            incident.annotations["lever_that_worked"] = winner.kind
+            self.save_incident(incident)
+
+    def lever_order(self) -> list[str]:
+        """Levers by their success rate on this node (untried ones keep the written order)."""
+        stats = self.ledger.lever_stats()
+
+        def rate(kind: str) -> float:
+            tried, worked = stats.get(kind, (0, 0))
+            return worked / tried if tried else -1.0
+
+        ranked = sorted((k for k in stats if stats[k][1] > 0), key=rate, reverse=True)
+        return ranked

@@ -1,0 +1,207 @@
+"""The actuators' memory: which rungs are in force now, and every action ever taken (the audit).
+
+Kept in SQLite next to the incidents so that a restarted agent knows what it did: it neither
+cordons or evicts twice after a crash nor forgets to undo a lever it applied before it died.
+Each rung in force carries the data its step needs to undo it (the previous cpu.idle value,
+whether the node was already cordoned by a human).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sloguard.store import StoreError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rungs (
+    policy TEXT NOT NULL,
+    rung INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    status TEXT NOT NULL,
+    incident TEXT NOT NULL,
+    dry_run INTEGER NOT NULL,
+    undo TEXT NOT NULL,
+    applied_ns INTEGER NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 1,
+    retry_ns INTEGER NOT NULL DEFAULT 0,
+    spec TEXT NOT NULL,
+    target TEXT NOT NULL,
+    PRIMARY KEY (policy, rung)
+);
+CREATE TABLE IF NOT EXISTS episodes (
+    policy TEXT PRIMARY KEY,
+    lever_order TEXT NOT NULL,
+    started_ns INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS levers (
+    kind TEXT PRIMARY KEY,
+    tried INTEGER NOT NULL DEFAULT 0,
+    worked INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    time_ns INTEGER NOT NULL,
+    node TEXT NOT NULL,
+    incident TEXT NOT NULL,
+    policy TEXT NOT NULL,
+    rung INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    action TEXT NOT NULL,
+    dry_run INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    target TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_by_time ON audit (time_ns);
+CREATE INDEX IF NOT EXISTS audit_by_kind ON audit (kind, status, time_ns);
+"""
+
+
+@dataclass
+class RungState:
+    policy: str
+    rung: int
+    kind: str
+    status: str  # done | proposed | skipped | failed
+    incident: str
+    dry_run: bool
+    undo: dict[str, Any]
+    applied_ns: int
+    attempts: int = 1
+    retry_ns: int = 0
+    spec: dict[str, Any] | None = None  # the step as configured, to undo it even if the policy
+    target: str = ""  # file changed since
+
+
+@dataclass
+class AuditEntry:
+    time_ns: int
+    node: str
+    incident: str
+    policy: str
+    rung: int
+    kind: str
+    action: str  # apply | undo
+    dry_run: bool
+    status: str
+    target: str
+    detail: str
+    reason: str
+    id: int | None = None
+
+
+class Ledger:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(self.path, check_same_thread=False,
+                                         isolation_level=None)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA busy_timeout=5000")
+            self._conn.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"{self.path}: cannot open the actuator ledger: {exc}") from exc
+
+    # -- rungs in force --------------------------------------------------------------------
+
+    def rungs(self, policy: str | None = None) -> list[RungState]:
+        query = "SELECT * FROM rungs" + (" WHERE policy = ?" if policy else "")
+        with self._lock:
+            rows = self._conn.execute(query + " ORDER BY policy, rung",
+                                      (policy,) if policy else ()).fetchall()
+        return [RungState(r[0], r[1], r[2], r[3], r[4], bool(r[5]), json.loads(r[6]), r[7], r[8],
+                          r[9], json.loads(r[10]), r[11]) for r in rows]
+
+    def put(self, state: RungState) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT OR REPLACE INTO rungs VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (state.policy, state.rung, state.kind, state.status, state.incident,
+                 int(state.dry_run), json.dumps(state.undo), state.applied_ns, state.attempts,
+                 state.retry_ns, json.dumps(state.spec or {}), state.target))
+
+    def remove(self, policy: str, rung: int) -> None:
+        with self._lock:
+            self._conn.execute("DELETE FROM rungs WHERE policy = ? AND rung = ?", (policy, rung))
+
+
+    # -- episodes and learning ---------------------------------------------------------------
+
+    def episode(self, policy: str) -> list[str] | None:
+        with self._lock:
+            row = self._conn.execute("SELECT lever_order FROM episodes WHERE policy = ?",
+                                     (policy,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def start_episode(self, policy: str, lever_order: list[str], now_ns: int) -> None:
+        with self._lock:
+            self._conn.execute("INSERT OR REPLACE INTO episodes VALUES (?,?,?)",
+                               (policy, json.dumps(lever_order), now_ns))
+
+    def end_episode(self, policy: str) -> None:
+        with self._lock:
+            self._conn.execute("DELETE FROM episodes WHERE policy = ?", (policy,))
+
+    def lever_record(self, kind: str, worked: bool) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO levers (kind, tried, worked) VALUES (?, 1, ?) ON CONFLICT(kind) DO "
+                "UPDATE SET tried = tried + 1, worked = worked + excluded.worked",
+                (kind, int(worked)))
+
+    def lever_stats(self) -> dict[str, tuple[int, int]]:
+        """kind -> (tried, worked) on this node."""
+        with self._lock:
+            rows = self._conn.execute("SELECT kind, tried, worked FROM levers").fetchall()
+        return {kind: (tried, worked) for kind, tried, worked in rows}
+
+    # -- audit -------------------------------------------------------------------------------
+
+    def audit(self, entry: AuditEntry) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO audit (time_ns, node, incident, policy, rung, kind, action, "
+                "dry_run, status, target, detail, reason) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (entry.time_ns, entry.node, entry.incident, entry.policy, entry.rung, entry.kind,
+                 entry.action, int(entry.dry_run), entry.status, entry.target, entry.detail,
+                 entry.reason))
+
+    def audit_log(self, since_ns: int = 0, kind: str | None = None, incident: str | None = None,
+                  limit: int = 500) -> list[AuditEntry]:
+        clauses, args = ["time_ns >= ?"], [since_ns]
+        if kind:
+            clauses.append("kind = ?")
+            args.append(kind)
+        if incident:
+            clauses.append("incident = ?")
+            args.append(incident)
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT time_ns, node, incident, policy, rung, kind, action, dry_run, status, "
+                f"target, detail, reason, id FROM audit WHERE {' AND '.join(clauses)} "
+                "ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
+        return [AuditEntry(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8], r[9],
+                           r[10], r[11], r[12]) for r in rows]
+
+    def count(self, kind: str, status: str, since_ns: int, incident: str | None = None) -> int:
+        """How many `kind` actions ended in `status` since then (budgets, rate limits)."""
+        query = ("SELECT COUNT(*) FROM audit WHERE kind = ? AND status = ? AND action = 'apply' "
+                 "AND time_ns >= ?")
+        args: list[Any] = [kind, status, since_ns]
+        if incident:
+            query += " AND incident = ?"
+            args.append(incident)
+        with self._lock:
+            return int(self._conn.execute(query, args).fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

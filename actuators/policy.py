@@ -1,0 +1,258 @@
+"""Escalation policies: which steps, in which order, after how long interference persists.
+
+    policies:
+      - name: ls-interference
+        undo_hold: 30s          # on recovery, time between undoing one step and the next
+        stale_after: 30s        # evidence older than this never escalates past cordon
+        steps:
+          - step: notify
+          - step: cordon
+            after: 30s          # interference persisted this long since the previous step
+          - step: reduce_capacity
+            after: 30s
+            params: {percent: 50}
+          - step: suppress      # levers tried one by one, each verified on the LS signal
+            after: 15s          # hold after each lever before trying the next
+            levers:
+              - step: cpu_idle
+              - step: cpuset
+              - step: cpu_quota
+              - step: memory_limit
+          - step: resctrl
+            after: 30s
+          - step: evict
+            after: 60s
+            dry_run: true       # shadow mode for this step only
+            repeat: 60s         # while interference persists, evict the next candidate
+            params: {per_hour: 3, per_incident: 2}
+
+A rule names its policy (`policy: ls-interference`). Policy files live in a `policies/`
+directory beside the rules. Like rule files, a file that fails to load keeps its previous
+policies active, and every problem is reported as `file:line:column: field: problem`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sloguard.config import Duration
+from sloguard.yamlfile import YamlFileError, nearest, read_yaml
+
+SUPPRESS = "suppress"
+
+
+class StepSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    step: str = Field(description="step kind: notify, cordon, reduce_capacity, cpu_idle, cpuset, "
+                                  "cpu_quota, memory_limit, resctrl, evict, or suppress")
+    after: Duration = Field(0.0, description="how long interference must persist since the "
+                                             "previous step (or since firing) before this one")
+    dry_run: bool = Field(False, description="shadow mode for this step, whatever the global "
+                                             "actuators.dry_run says")
+    repeat: Duration | None = Field(
+        None, description="apply again this often while interference persists (evict: the "
+                          "next candidate, within the step's budgets)")
+    params: dict[str, Any] = Field(default_factory=dict)
+    levers: list[StepSpec] = Field(
+        default_factory=list,
+        description="suppress only: the levers, tried in the order learned on this node")
+
+    @model_validator(mode="after")
+    def _levers(self) -> StepSpec:
+        if self.step == SUPPRESS:
+            if not self.levers:
+                raise ValueError("suppress needs `levers`")
+            if any(lever.step == SUPPRESS or lever.levers for lever in self.levers):
+                raise ValueError("levers cannot nest")
+        elif self.levers:
+            raise ValueError("only a suppress step has levers")
+        return self
+
+
+class PolicySpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    undo_hold: Duration = 30.0
+    stale_after: Duration = 30.0
+    steps: list[StepSpec] = Field(min_length=1)
+
+
+class PolicyFileSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    policies: list[PolicySpec]
+
+
+class PolicyFileError(Exception):
+    """Every problem of one policy file, one `file:line:column: field: problem` per line."""
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One step of a policy as the ladder runs it (a suppress step becomes one rung per lever)."""
+
+    index: int
+    spec: StepSpec
+    lever_group: int | None = None  # rungs of one suppress step share it; learned order
+
+
+@dataclass(frozen=True)
+class Policy:
+    spec: PolicySpec
+    source: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def rungs(self, lever_order: list[str] | None = None) -> list[Rung]:
+        """The policy's steps flattened; levers ordered by `lever_order` (kinds that worked
+        on this node first), else as written."""
+        out: list[Rung] = []
+        for position, spec in enumerate(self.spec.steps):
+            if spec.step != SUPPRESS:
+                out.append(Rung(len(out), spec))
+                continue
+            levers = list(spec.levers)
+            if lever_order:
+                rank = {kind: i for i, kind in enumerate(lever_order)}
+                levers.sort(key=lambda lever: rank.get(lever.step, len(rank)))
+            for lever in levers:
+                after = lever.after or spec.after
+                merged = lever.model_copy(update={"after": after,
+                                                  "dry_run": lever.dry_run or spec.dry_run})
+                out.append(Rung(len(out), merged, lever_group=position))
+        return out
+
+
+def load_policy_file(path: Path, validate_step: Any = None) -> list[Policy]:
+    """Parse one file; `validate_step(spec)` raises ValueError for unknown kinds or params."""
+    try:
+        document, lines = read_yaml(path)
+    except YamlFileError as exc:
+        raise PolicyFileError(str(exc)) from exc
+    if document is None:
+        raise PolicyFileError(f"{path}:1:1: the file is empty; a policy file defines "
+                              "`policies:`")
+    try:
+        spec = PolicyFileSpec.model_validate(document)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            loc = tuple(str(p) for p in error["loc"])
+            line, column = nearest(lines, loc)
+            msg = error["msg"].removeprefix("Value error, ")
+            if error["type"] == "extra_forbidden":
+                msg = "unknown field"
+            problems.append(f"{path}:{line}:{column}: {'.'.join(loc)}: {msg}")
+        raise PolicyFileError("\n".join(problems)) from exc
+    problems = []
+    policies = []
+    seen: set[str] = set()
+    for pi, policy in enumerate(spec.policies):
+        loc = ("policies", str(pi))
+        line, column = lines.get(loc, (1, 1))
+        if policy.name in seen:
+            problems.append(f"{path}:{line}:{column}: {'.'.join(loc)}: policy {policy.name} is "
+                            "defined twice")
+        seen.add(policy.name)
+        for si, step in enumerate(policy.steps):
+            entries = [(("steps", str(si)), step)] + [
+                (("steps", str(si), "levers", str(li)), lever)
+                for li, lever in enumerate(step.levers)]
+            for where, entry in entries:
+                if entry.step == SUPPRESS or validate_step is None:
+                    continue
+                try:
+                    validate_step(entry)
+                except ValueError as exc:
+                    at = (*loc, *where, "params") if entry.params else (*loc, *where, "step")
+                    sline, scol = nearest(lines, at)
+                    problems.append(f"{path}:{sline}:{scol}: {'.'.join(at)}: {exc}")
+        policies.append(Policy(policy, f"{path}:{line}:{column}"))
+    if problems:
+        raise PolicyFileError("\n".join(problems))
+    return policies
+
+
+class PolicySet:
+    """The active policies, reloaded per file; a broken file keeps its last good policies."""
+
+    def __init__(self, paths: list[str], validate_step: Any = None) -> None:
+        self.paths = paths
+        self.validate_step = validate_step
+        self.by_file: dict[str, list[Policy]] = {}
+        self.errors: dict[str, str] = {}
+        self._mtimes: dict[str, float] = {}
+
+    def files(self) -> list[Path]:
+        found: list[Path] = []
+        for entry in self.paths:
+            path = Path(entry)
+            if path.is_dir():
+                found.extend(sorted(p for p in path.iterdir()
+                                    if p.suffix in (".yaml", ".yml") and p.is_file()))
+            elif path.exists():
+                found.append(path)
+        return found
+
+    def reload(self) -> bool:
+        """Load changed files; True when every file loaded cleanly."""
+        present = set()
+        for path in self.files():
+            key = str(path)
+            present.add(key)
+            try:
+                mtime = path.stat().st_mtime
+            except OSError:
+                continue
+            if self._mtimes.get(key) == mtime:
+                continue
+            self._mtimes[key] = mtime
+            try:
+                self.by_file[key] = load_policy_file(path, self.validate_step)
+                self.errors.pop(key, None)
+            except PolicyFileError as exc:
+                self.errors[key] = str(exc)
+        for key in list(self.by_file):
+            if key not in present and Path(key).parent.exists():
+                del self.by_file[key]  # removed from a directory that is still there
+                self._mtimes.pop(key, None)
+        duplicates = self._duplicates()
+        if duplicates:
+            self.errors["(all files)"] = duplicates
+        else:
+            self.errors.pop("(all files)", None)
+        return not self.errors
+
+    def _duplicates(self) -> str:
+        seen: dict[str, str] = {}
+        problems = []
+        for policies in self.by_file.values():
+            for policy in policies:
+                if policy.name in seen:
+                    problems.append(f"{policy.source}: policy {policy.name} is also defined at "
+                                    f"{seen[policy.name]}; the first one is used")
+                else:
+                    seen[policy.name] = policy.source
+        return "\n".join(problems)
+
+    def get(self, name: str) -> Policy | None:
+        for policies in self.by_file.values():
+            for policy in policies:
+                if policy.name == name:
+                    return policy
+        return None
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for policies in self.by_file.values() for p in policies]
+
+
+StepSpec.model_rebuild()

@@ -1,0 +1,81 @@
+"""The contract of one rung of the escalation ladder: apply it, undo it, say why it cannot run.
+
+Like koordlet's qosmanager strategies, each step kind is one file with its own parameters; the
+ladder (actuators/ladder.py) decides when a step runs, this contract says what a step must do:
+
+- `available()` names what is missing on this node (no resctrl, no Kubernetes API) or returns
+  None. An unavailable step is skipped with that reason on the incident, never faked.
+- `apply(ctx)` is idempotent: applying a step that is already in force changes nothing and says
+  so. It returns a StepResult whose `undo` holds everything `undo` needs to restore the previous
+  state (the old cpu.idle value, whether the node was already cordoned by someone else), so the
+  ladder can persist it and undo the step after a restart.
+- `undo(ctx, undo)` restores what `apply` changed and nothing else: a human's cordon is never
+  lifted, a value someone changed since is left alone.
+- With `ctx.dry_run`, a step touches nothing and describes what it would do (status
+  "proposed"): shadow mode, so operators can read what the guardrail would have done.
+- A step acts only on best-effort workloads: `ctx.be_workloads()` is the only way a step learns
+  its targets, and it never yields an LS workload (tests/test_actuator_safety.py).
+
+Dependency-free: steps import what they need (the kubernetes client, cgroup files) themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+DONE = "done"
+PROPOSED = "proposed"  # dry-run: what would have been done
+FAILED = "failed"
+SKIPPED = "skipped"  # unavailable here, or nothing to do
+UNDONE = "undone"
+
+BE = "BE"
+
+
+@dataclass
+class StepContext:
+    """What a step may look at when it runs."""
+
+    node: str
+    now_ns: int
+    dry_run: bool
+    incident_id: str
+    reason: str  # why the ladder runs this step now, for the audit log
+    inventory: Callable[[], list[dict[str, str]]] = lambda: []
+    # the contended resource of the incident (cpu, memory, io, cache), when the rule says
+    resource: str = ""
+
+    def be_workloads(self) -> list[dict[str, str]]:
+        """The best-effort workloads on this node: the only targets a step may touch."""
+        return [dict(w) for w in self.inventory() if w.get("class") == BE]
+
+
+@dataclass
+class StepResult:
+    status: str  # done | proposed | failed | skipped | undone
+    target: str
+    detail: str
+    undo: dict[str, Any] = field(default_factory=dict)  # what `undo` needs, JSON-serialisable
+    retry: bool = False  # a transient failure (API unreachable): try again after a backoff
+
+
+class Step(Protocol):
+    kind: ClassVar[str]
+
+    def __init__(self, params: dict[str, Any], env: Any) -> None:
+        """Validate `params` (ValueError with a plain message rejects the policy file)."""
+
+    def available(self) -> str | None:
+        """None when the step can run here, else the reason it cannot."""
+
+    def apply(self, ctx: StepContext) -> StepResult: ...
+
+    def undo(self, ctx: StepContext, undo: dict[str, Any]) -> StepResult: ...
+
+
+def reject_unknown(params: dict[str, Any], allowed: set[str], kind: str) -> None:
+    unknown = set(params) - allowed
+    if unknown:
+        raise ValueError(f"unknown {kind} parameter(s): {', '.join(sorted(unknown))}")

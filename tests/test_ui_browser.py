@@ -1,0 +1,133 @@
+"""The web UI in a real headless Chromium (Debian's), driven by Playwright.
+
+The agent here is real (its engine, stores and ladder), fed samples directly instead of by its
+collectors, and served by uvicorn on loopback. Screenshots are kept in test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from conftest import need
+from support.uiserver import HOSTILE_POD, served_agent
+
+from sloguard.samples import Sample
+
+S = 1_000_000_000
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium")
+
+
+@pytest.fixture
+def served(tmp_path):
+    with served_agent(tmp_path) as pair:
+        yield pair
+
+
+def test_list_open_an_incident_and_see_its_chart(served):
+    need(_chromium() is not None, "Debian's chromium is not installed "
+                                  "(scripts/browser-testenv.sh installs it)")
+    from playwright.sync_api import sync_playwright
+
+    agent, url = served
+    [incident] = agent.incidents.query(limit=10)
+    assert incident.state == "resolved" and incident.actions
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        page.goto(url + "/")
+        row = page.locator("tbody tr", has_text="ls/LSSlow")
+        assert row.count() == 1 and "resolved" in row.inner_text()
+        page.screenshot(path=str(ARTIFACTS / "incidents.png"), full_page=True)
+        row.get_by_role("link").click()
+        page.wait_for_url(f"**/incidents/{incident.id}")
+        page.wait_for_function("window.sloguardChart && window.sloguardChart.drawn", timeout=10000)
+        chart = page.evaluate("""() => {
+            const c = window.sloguardChart;
+            return {points: c.data.x.length,
+                    values: c.data.value.filter(v => v !== null).length,
+                    thresholds: c.data.threshold.filter(v => v !== null).length,
+                    actions: c.data.actions.length,
+                    canvas: document.querySelectorAll('#chart canvas').length};
+        }""")
+        assert chart["points"] >= 60 and chart["values"] == 60  # every stored sample
+        assert chart["thresholds"] > 0 and chart["actions"] == len(incident.actions)
+        assert chart["canvas"] >= 1
+        # the canvas has the series drawn on it: not a blank rectangle
+        painted = page.evaluate("""() => {
+            const c = document.querySelector('#chart canvas');
+            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+            let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++;
+            return n;
+        }""")
+        assert painted > 1000
+        timeline = page.locator("#timeline").inner_text()
+        assert "notify" in timeline and "evidence" in timeline
+        # hostile strings from the cluster (pod name) and a rule (annotation) are text
+        assert HOSTILE_POD in page.locator("dl").inner_text()
+        assert "<script>window.__xss=2</script>see the wiki" in page.locator("dl").inner_text()
+        assert page.evaluate("() => window.__xss") is None
+        page.screenshot(path=str(ARTIFACTS / "incident.png"), full_page=True)
+        browser.close()
+
+
+def test_series_api_of_an_incident(served):
+    import httpx
+
+    agent, url = served
+    [incident] = agent.incidents.query(limit=10)
+    body = httpx.get(f"{url}/api/incidents/{incident.id}/series", timeout=10).json()
+    assert body["field"] == "p99" and body["expr"] == 'lat{class="LS"}'
+    values = [v for v in body["value"] if v is not None]
+    assert len(values) == 60 and max(values) == 40.0
+    assert body["fired"] and body["resolved"] and body["fired"] < body["resolved"]
+    assert 10.0 in body["threshold"]
+    assert httpx.get(f"{url}/api/incidents/nope/series", timeout=10).status_code == 404
+    vendored = httpx.get(f"{url}/static/vendor/uPlot.iife.min.js", timeout=10)
+    assert vendored.status_code == 200 and "uPlot" in vendored.text[:2000]
+
+
+def test_filters_live_updates_and_the_other_pages(served):
+    need(_chromium() is not None, "Debian's chromium is not installed "
+                                  "(scripts/browser-testenv.sh installs it)")
+    from playwright.sync_api import sync_playwright
+
+    agent, url = served
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(url + "/")
+        page.select_option("select[name=state]", "firing")  # htmx swaps the table in place
+        page.wait_for_function(
+            "document.querySelector('#incidents').innerText.includes('No incidents match')")
+        # a new incident fires while the page is open: the live table picks it up
+        now = time.time_ns()
+        for second in range(4):
+            sample = Sample("lat", {"node": "ui-node", "class": "LS", "pod": "web-2"},
+                            {"p99": 50.0}, now + second * S)
+            agent.store.write([sample])
+            agent.windows.add([sample])
+            agent.engine.evaluate(now + second * S)
+        assert [i.state for i in agent.incidents.query(state="firing")] == ["firing"]
+        page.wait_for_function(
+            "document.querySelector('#incidents').innerText.includes('web-2')", timeout=12000)
+        assert "web-1" not in page.locator("#incidents").inner_text()  # still filtered
+
+        page.goto(url + "/rules")
+        rules = page.locator("#rules").inner_text()
+        assert "ls/LSSlow" in rules and "ls-interference" in rules and "threshold" in rules
+        page.goto(url + "/actions")
+        audit = page.locator("#audit").inner_text()
+        assert "apply notify" in audit and "of policy ls-interference" in audit
+        page.goto(url + "/node")
+        components = page.locator("#components").inner_text()
+        assert "store:embedded" in components and "actuators" in components
+        page.screenshot(path=str(ARTIFACTS / "node.png"), full_page=True)
+        browser.close()

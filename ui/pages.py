@@ -1,0 +1,75 @@
+"""The server-rendered pages: incidents (filtered, live through htmx), rules, the action audit
+log and the node. Read-only; the JSON API in ui/app.py carries the same data.
+
+Every string shown comes from the cluster or a rule file and is escaped by Jinja2's
+autoescaping; nothing is marked safe.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, Response
+
+from sloguard import __version__
+from sloguard.incidents import SEVERITIES, STATES
+
+WINDOWS = {"": None, "1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400}
+
+
+def add_pages(app: FastAPI, agent: Any, templates: Any) -> None:
+    def render(request: Request, name: str, page: str, **context: Any) -> Response:
+        return templates.TemplateResponse(request, name, {
+            "node": agent.node, "version": __version__, "page": page, **context})
+
+    def incidents_context(request: Request) -> dict[str, Any]:
+        q = request.query_params
+        f = {
+            "state": q.get("state") if q.get("state") in STATES else None,
+            "severity": q.get("severity") if q.get("severity") in SEVERITIES else None,
+            "rule": (q.get("rule") or "").strip() or None,
+            "node": (q.get("node") or "").strip() or None,
+            "within": q.get("within") if q.get("within") in WINDOWS else "",
+        }
+        seconds = WINDOWS[f["within"]]
+        since = time.time_ns() - seconds * 10**9 if seconds else None
+        found = agent.incidents.query(state=f["state"], severity=f["severity"], rule=f["rule"],
+                                      node=f["node"], since_ns=since, limit=200)
+        query = urlencode({k: v for k, v in f.items() if v})
+        return {"incidents": found, "f": f, "query": query, "states": STATES,
+                "severities": SEVERITIES, "windows": list(WINDOWS)}
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def index(request: Request) -> Response:
+        return render(request, "index.html", "incidents", **incidents_context(request))
+
+    @app.get("/fragments/incidents", response_class=HTMLResponse, include_in_schema=False)
+    def incidents_fragment(request: Request) -> Response:
+        return render(request, "incidents_table.html", "incidents",
+                      **incidents_context(request))
+
+    @app.get("/rules", response_class=HTMLResponse, include_in_schema=False)
+    def rules_page(request: Request) -> Response:
+        rules = [{"key": r.key, "source": r.source, "spec": r.spec,
+                  "status": agent.engine.status.get(r.key)} for r in agent.rules.rules]
+        return render(request, "rules.html", "rules", rules=rules,
+                      file_errors=agent.rules.errors)
+
+    @app.get("/actions", response_class=HTMLResponse, include_in_schema=False)
+    def actions_page(request: Request) -> Response:
+        return render(request, "actions.html", "actions",
+                      audit=agent.ledger.audit_log(limit=500),
+                      in_force=agent.ledger.rungs(),
+                      dry_run=agent.settings.actuators.dry_run)
+
+    @app.get("/node", response_class=HTMLResponse, include_in_schema=False)
+    def node_page(request: Request) -> Response:
+        workloads = agent.cgroups.workloads() if agent.cgroups is not None else []
+        workloads.sort(key=lambda w: (w.get("class", ""), w.get("pod") or w.get("workload", "")))
+        app_latency = getattr(agent, "app_latency", None)
+        return render(request, "node.html", "node", components=agent.components(),
+                      workloads=workloads,
+                      targets=app_latency.target_status() if app_latency is not None else [])
