@@ -19,6 +19,11 @@ BUILTIN_STEPS = {
     "cordon": "sloguard.actuators.cordon:Cordon",
     "reduce_capacity": "sloguard.actuators.capacity:ReduceCapacity",
     "evict": "sloguard.actuators.evict:Evict",
+    "cpu_idle": "sloguard.actuators.cpu_idle:CpuIdle",
+    "cpuset": "sloguard.actuators.cpuset:Cpuset",
+    "cpu_quota": "sloguard.actuators.cpu_quota:CpuQuota",
+    "memory_limit": "sloguard.actuators.memory_limit:MemoryLimit",
+    "resctrl": "sloguard.actuators.resctrl:Resctrl",
 }
 
 

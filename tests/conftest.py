@@ -43,9 +43,17 @@ class RealCgroups:
         self.prefix = prefix
         self.procs: list[subprocess.Popen] = []
         self.created: list[Path] = []  # every directory made, parents included
+        self.cpuset = False
+
+    def use_cpuset(self) -> None:
+        """Create the cgroups in the v1 cpuset hierarchy too (call before `create`). Opt-in:
+        a new v1 cpuset starts with no CPUs and no memory nodes, and no task can join it until
+        both are set; `create` copies them from the parent."""
+        self.cpuset = True
 
     def hierarchies(self) -> list[Path]:
-        roots = [self.layout.v1[c] for c in ("cpu", "cpuacct", "memory") if c in self.layout.v1]
+        names = ("cpu", "cpuacct", "memory") + (("cpuset",) if self.cpuset else ())
+        roots = [self.layout.v1[c] for c in names if c in self.layout.v1]
         if self.layout.unified is not None:
             roots.append(self.layout.unified)
         return list(dict.fromkeys(roots))
@@ -60,6 +68,9 @@ class RealCgroups:
                 if not path.exists():
                     path.mkdir()
                     self.created.append(path)
+                    if self.cpuset and root == self.layout.v1.get("cpuset"):
+                        for name in ("cpuset.cpus", "cpuset.mems"):
+                            (path / name).write_text((path.parent / name).read_text())
         return full
 
     def write(self, rel: str, filename: str, value: str) -> None:
