@@ -19,6 +19,16 @@ from sloguard.store.embedded import open_store
 TOKEN = "e2e-token-5b1f0c"
 
 
+def stop(agent: AgentProcess) -> None:
+    """SIGTERM, and never leave the agent behind, even when it does not exit in time."""
+    try:
+        agent.terminate()
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+            agent.proc.wait()
+
+
 def test_shipped_slo_rule_fires_when_scraped_latency_is_injected(tmp_path, sloguard_bin):
     refused = closed_port()
     with LatencyService() as svc, Traffic(f"{svc.url}/work"):
@@ -91,7 +101,7 @@ def test_shipped_slo_rule_fires_when_scraped_latency_is_injected(tmp_path, slogu
             assert "Application targets" in page and f"{svc.url}/metrics" in page
             assert "&lt;script&gt;x&lt;/script&gt;" in page and "<script>x" not in page
         finally:
-            agent.terminate()
+            stop(agent)
     store = open_store(tmp_path / "data", 3600, 10**9)
     try:
         now = time.time_ns()
@@ -180,7 +190,7 @@ def test_receive_endpoint_authenticates_validates_and_feeds_the_rules(tmp_path, 
         assert post("/api/v1/observations", good,
                     {"Authorization": "Bearer rotated-token"}).status_code == 200
     finally:
-        agent.terminate()
+        stop(agent)
     assert TOKEN not in (tmp_path / "agent.log").read_text()
     store = open_store(tmp_path / "data", 3600, 10**9)
     try:
@@ -232,4 +242,4 @@ def test_receive_token_and_ui_token_are_separate_off_loopback(tmp_path, sloguard
         assert httpx.post(f"{agent.url}/api/v1/write", content="app_latency,service=w p99=1",
                           timeout=10).status_code == 401
     finally:
-        agent.terminate()
+        stop(agent)
