@@ -28,6 +28,12 @@ class PodMeta:
     labels: dict[str, str] = field(default_factory=dict)
     qos_class: str = ""  # the pod's status.qosClass: Guaranteed | Burstable | BestEffort
     containers: dict[str, str] = field(default_factory=dict)  # container id -> name
+    # For scraping annotated pods (collectors/app_targets.py):
+    annotations: dict[str, str] = field(default_factory=dict)
+    ip: str = ""  # status.podIP
+    phase: str = ""  # status.phase
+    owner: str = ""  # the controlling owner's name (e.g. the ReplicaSet)
+    ports: tuple[int, ...] = ()  # declared container ports, in order
 
 
 def pod_class(meta: PodMeta | None, qos_from_path: str, class_label: str) -> str:
@@ -47,6 +53,10 @@ def _meta_from_pod(pod: Any) -> PodMeta:
     for cs in [*(status.container_statuses or []), *(status.init_container_statuses or [])]:
         if cs.container_id:
             containers[cs.container_id.split("://", 1)[-1]] = cs.name
+    owners = pod.metadata.owner_references or []
+    owner = next((o.name for o in owners if o.controller), owners[0].name if owners else "")
+    ports = tuple(port.container_port for c in (pod.spec.containers if pod.spec else None) or []
+                  for port in c.ports or [] if port.container_port)
     return PodMeta(
         name=pod.metadata.name,
         namespace=pod.metadata.namespace,
@@ -54,6 +64,11 @@ def _meta_from_pod(pod: Any) -> PodMeta:
         labels=dict(pod.metadata.labels or {}),
         qos_class=status.qos_class or "",
         containers=containers,
+        annotations=dict(pod.metadata.annotations or {}),
+        ip=status.pod_ip or "",
+        phase=status.phase or "",
+        owner=owner,
+        ports=ports,
     )
 
 
@@ -98,6 +113,10 @@ class PodMetadataCache:
 
     def get(self, uid: str) -> PodMeta | None:
         return self._pods.get(uid)
+
+    def pods(self) -> list[PodMeta]:
+        """Every pod of the last listing (a snapshot: the refresh thread replaces the dict)."""
+        return list(self._pods.values())
 
     def status(self) -> ComponentStatus:
         return ComponentStatus(

@@ -14,7 +14,16 @@ burn_rate: the rule's value is the error ratio of the evaluation (bad / total, 0
   long and a short window fires (the multiwindow burn-rate alert of Google's SRE workbook: the
   long window for significance, the short one so it resets quickly once the burn stops).
   params: objective (default 0.999), factor (default 14.4: 2% of a 30-day budget in 1 hour),
-  long (evaluations, default 60), short (evaluations, default 5)
+  long (evaluations, default 60), short (evaluations, default 5), input (default `ratio`).
+  With `input: burn` the value is already the burn rate (the error ratio divided by the
+  allowed one: 1.0 spends the budget exactly as fast as allowed), as in the `burn_rate` field
+  of `app_slo` samples, where each service brings its own objective; `objective` is then not
+  given.
+
+Per-service objectives: rules have one set of parameters, so the application-latency collector
+writes values relative to each service's objective (`app_slo`: `latency_ratio` = the percentile
+over its target, `burn_rate`); one rule with `target: 1` then guards every service
+(rules/ls-latency-slo.yaml, docs/app-latency.md).
 """
 
 from __future__ import annotations
@@ -52,7 +61,13 @@ class BurnRate:
     name = "burn_rate"
 
     def __init__(self, params: dict[str, Any]) -> None:
-        reject_unknown(params, {"objective", "factor", "long", "short"}, self.name)
+        reject_unknown(params, {"objective", "factor", "long", "short", "input"}, self.name)
+        self.input = params.get("input", "ratio")
+        if self.input not in ("ratio", "burn"):
+            raise ValueError(f"burn_rate input must be `ratio` or `burn`, got {self.input!r}")
+        if self.input == "burn" and "objective" in params:
+            raise ValueError("burn_rate with input: burn takes no objective (the value is "
+                             "already relative to it)")
         try:
             objective = float(params.get("objective", 0.999))
             self.factor = float(params.get("factor", 14.4))
@@ -61,14 +76,16 @@ class BurnRate:
             raise ValueError(f"burn_rate parameters must be numbers: {exc}") from exc
         if not 0 < objective < 1 or self.factor <= 0 or not 1 <= short <= long:
             raise ValueError("need 0 < objective < 1, factor > 0 and 1 <= short <= long")
-        self.budget = 1 - objective
+        self.budget = 1.0 if self.input == "burn" else 1 - objective
         self.long: deque[float] = deque(maxlen=long)
         self.short: deque[float] = deque(maxlen=short)
 
     def update(self, value: float, time_ns: int) -> Verdict:
         if math.isnan(value):
             return Verdict(False, True, None, "no data")
-        if not 0 <= value <= 1:
+        if self.input == "burn" and value < 0:
+            raise ValueError(f"burn_rate expects a burn rate >= 0, got {value}")
+        if self.input == "ratio" and not 0 <= value <= 1:
             raise ValueError(f"burn_rate expects an error ratio in [0, 1], got {value}")
         self.long.append(value)
         self.short.append(value)

@@ -23,7 +23,7 @@ from sloguard.actuators.ladder import Ladder
 from sloguard.actuators.ledger import Ledger
 from sloguard.actuators.policy import PolicySet
 from sloguard.collectors.cgroups import CgroupCollector
-from sloguard.config import Settings
+from sloguard.config import Settings, app_latency_wanted
 from sloguard.detector.engine import AGENT_GROUP, Engine
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
@@ -78,6 +78,14 @@ class Agent:
             from sloguard.collectors.cpi import CpiCollector
 
             self.collectors.append(CpiCollector(self.node, self.cgroups))
+        self.app_latency: Any = None  # issue #6: the LS services' own latency
+        if app_latency_wanted(settings):
+            from sloguard.collectors.app_latency import AppLatencyCollector
+
+            self.app_latency = AppLatencyCollector(
+                self.node, settings.app_latency, settings.slos, pods=self.pods,
+                class_label=cfg.cgroups.class_label, registry=self.registry)
+            self.collectors.append(self.app_latency)
         self._collector_errors: dict[str, str] = {}
         self.detectors = DetectorRegistry.from_config(settings.detectors)
         self.rules = RuleSet(list(settings.rules.paths), validate_params=self.detectors.check)
@@ -191,6 +199,8 @@ class Agent:
         self._reload_rules()
         if self.pods is not None:
             self.pods.start()
+        if self.app_latency is not None:
+            self.app_latency.start()
         self._thread = threading.Thread(target=self._loop, name="agent-loop", daemon=True)
         self._thread.start()
         self.alerting.start()
@@ -203,6 +213,8 @@ class Agent:
             self._thread.join(timeout=30)
         if self.pods is not None:
             self.pods.stop()
+        if self.app_latency is not None:
+            self.app_latency.stop()
         for collector in self.collectors:  # detaches eBPF programs, closes held files
             if hasattr(collector, "close"):
                 collector.close()

@@ -367,6 +367,184 @@ class AlertingConfig(_Section):
         return self
 
 
+# -- application latency (issue #6): scrape, probe and receive the LS services' own latency --
+
+
+def _http_url(value: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+    return value
+
+
+def _host_port(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"must be HOST:PORT, e.g. 127.0.0.1:6379, got {value!r}")
+    return value
+
+
+class ErrorCounting(_Section):
+    """Which requests count as errors: a counter (or the histogram) with a status label."""
+
+    metric: str | None = Field(
+        None, description="counter family; unset: the first counter with `label`, else the "
+                          "latency histogram's own label")
+    label: str = Field("code", description="label holding the status code")
+    match: str = Field("5..", description="anchored regex on the label value meaning an error")
+
+    @field_validator("match")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        import re
+
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+
+class AppScrapeTarget(_Section):
+    """A Prometheus/OpenMetrics endpoint of an LS service, named in the config."""
+
+    service: str = Field(min_length=1)
+    url: Annotated[str, BeforeValidator(_http_url)]
+    namespace: str | None = None
+    pod: str | None = None
+    class_: Literal["LS", "BE"] = Field("LS", alias="class")
+    interval: Duration | None = Field(None, gt=0, description="unset: scrape_interval")
+    timeout: Duration | None = Field(None, gt=0, description="unset: app_latency.timeout")
+    metric: str | None = Field(
+        None, description="histogram or summary family; unset: the first latency histogram")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="only series with these label values count")
+    unit: Literal["auto", "s", "ms"] = Field(
+        "auto", description="unit of the metric; auto: from its name (_seconds, _ms, ...)")
+    errors: ErrorCounting | None = Field(None, description="unset: app_latency.errors")
+    tls_verify: bool = True
+    ca_file: str | None = Field(None, description="CA bundle that verifies the target")
+
+
+class AppProbe(_Section):
+    """An active probe, as the Prometheus blackbox exporter does it."""
+
+    service: str = Field(min_length=1)
+    kind: Literal["http", "tcp"]
+    url: Annotated[str, BeforeValidator(_http_url)] | None = Field(
+        None, description="http: the URL to request")
+    address: Annotated[str, BeforeValidator(_host_port)] | None = Field(
+        None, description="tcp: HOST:PORT to connect to")
+    namespace: str | None = None
+    interval: Duration | None = Field(None, gt=0, description="unset: probe_interval")
+    timeout: Duration | None = Field(None, gt=0, description="unset: app_latency.timeout")
+    method: str = "GET"
+    expect_status: list[int] = Field(
+        default_factory=list, description="status codes that succeed; empty: 200-399")
+    tls_verify: bool = True
+    ca_file: str | None = Field(None, description="CA bundle that verifies the server")
+
+    @model_validator(mode="after")
+    def _where(self) -> AppProbe:
+        if self.kind == "http" and not self.url:
+            raise ValueError("an http probe needs `url`")
+        if self.kind == "tcp" and not self.address:
+            raise ValueError("a tcp probe needs `address` (HOST:PORT)")
+        return self
+
+
+class PodDiscovery(_Section):
+    enabled: bool = Field(
+        True, description="scrape pods annotated sloguard.io/scrape (needs kubernetes.enabled)")
+    interval: Duration | None = Field(None, gt=0, description="unset: scrape_interval")
+    tls_verify: bool = Field(True, description="for pods annotated sloguard.io/scheme: https")
+    ca_file: str | None = None
+
+
+class ReceiveConfig(_Section):
+    enabled: bool = Field(False, description="POST /api/v1/observations and /api/v1/write")
+    token: SecretStr | None = Field(None, description="bearer token pushers must present")
+    token_file: str | None = Field(
+        None, description="file holding the token (a mounted Secret); re-read when it changes")
+    max_body: Size = Field(1024**2, ge=1024, description="largest request body accepted")
+    measurements: list[str] = Field(
+        default_factory=lambda: ["app_latency"],
+        description="measurements /api/v1/write accepts")
+
+    @model_validator(mode="after")
+    def _token(self) -> ReceiveConfig:
+        if self.enabled and self.token is None and not self.token_file:
+            raise ValueError("enabled without a token: set token (or SLOGUARD_APP_LATENCY__"
+                             "RECEIVE__TOKEN) or token_file")
+        return self
+
+
+class AppLatencyConfig(_Section):
+    enabled: bool = True
+    scrape_interval: Duration = Field(10.0, gt=0, description="default scrape interval")
+    probe_interval: Duration = Field(5.0, gt=0, description="default probe interval")
+    timeout: Duration = Field(3.0, gt=0, description="default per-target timeout")
+    concurrency: int = Field(16, ge=1, le=1000, description="scrapes and probes at once")
+    jitter: float = Field(
+        0.05, ge=0, le=0.5, description="random delay per round, fraction of the interval")
+    max_response: Size = Field(
+        10 * 1024**2, ge=1024, description="largest exposition body read from a target")
+    errors: ErrorCounting = Field(default_factory=ErrorCounting)
+    targets: list[AppScrapeTarget] = Field(default_factory=list)
+    probes: list[AppProbe] = Field(default_factory=list)
+    pods: PodDiscovery = Field(default_factory=PodDiscovery)
+    receive: ReceiveConfig = Field(default_factory=ReceiveConfig)
+
+
+def percentile_quantile(value: str) -> float:
+    """0.99 from "p99", 0.999 from "p999" or "p99.9": the spelling of rules and dashboards."""
+    text = str(value).strip().lower()
+    digits = text[1:]
+    if not text.startswith("p") or not digits or not digits.replace(".", "", 1).isdigit():
+        raise ValueError(f"not a percentile: {value!r} (use e.g. p50, p99, p999 or p99.9)")
+    quantile = float(digits) / 100 if "." in digits else float(f"0.{digits}")
+    if not 0 < quantile < 1:
+        raise ValueError(f"not a percentile: {value!r}")
+    return quantile
+
+
+class SloConfig(_Section):
+    """One service's objectives; the collector turns them into the `app_slo` signals."""
+
+    service: str = Field(min_length=1)
+    namespace: str | None = Field(None, description="unset: the service in any namespace")
+    percentile: str = Field("p99", description="p50, p90, p95, p99, p999 or p99.9")
+    latency_ms: float = Field(gt=0, description="the percentile must stay at or under this")
+    error_rate: float | None = Field(
+        None, gt=0, lt=1, description="allowed fraction of failed requests, e.g. 0.001")
+    window: Duration = Field(
+        60.0, gt=0, description="requests of this recent window make the percentile and ratio")
+
+    @field_validator("percentile")
+    @classmethod
+    def _percentile(cls, value: str) -> str:
+        percentile_quantile(value)
+        return value.strip().lower()
+
+    @property
+    def quantile(self) -> float:
+        return percentile_quantile(self.percentile)
+
+
+def _unique_slos(slos: list[SloConfig]) -> list[SloConfig]:
+    seen: dict[tuple[str, str | None], int] = {}
+    for index, slo in enumerate(slos):
+        key = (slo.service, slo.namespace)
+        if key in seen:
+            raise ValueError(f"slos.{seen[key]} and slos.{index} are both for service "
+                             f"{slo.service!r} (namespace {slo.namespace or 'any'}); give each "
+                             "service one SLO")
+        seen[key] = index
+    return slos
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED, extra="forbid"
@@ -383,6 +561,8 @@ class Settings(BaseSettings):
     rules: RulesConfig = Field(default_factory=RulesConfig)
     detectors: DetectorsConfig = Field(default_factory=DetectorsConfig)
     actuators: ActuatorsConfig = Field(default_factory=ActuatorsConfig)
+    app_latency: AppLatencyConfig = Field(default_factory=AppLatencyConfig)
+    slos: Annotated[list[SloConfig], AfterValidator(_unique_slos)] = Field(default_factory=list)
     ui: UiConfig = Field(default_factory=UiConfig)
     alerting: AlertingConfig = Field(default_factory=AlertingConfig)
 
@@ -419,6 +599,15 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, env_settings, _YamlSource(settings_cls)
+
+
+def app_latency_wanted(settings: Settings) -> bool:
+    """Whether the application-latency collector has anything to do (it costs a thread and the
+    HTTP client's memory otherwise)."""
+    app = settings.app_latency
+    return app.enabled and bool(
+        app.targets or app.probes or app.receive.enabled or settings.slos
+        or (settings.kubernetes.enabled and app.pods.enabled))
 
 
 # The YAML document `load_settings` is building from. A context variable, not a class attribute:

@@ -39,3 +39,17 @@ def test_burn_rate_needs_both_windows_and_resets_on_the_short_one():
         burn.update(3.0, 51)
     with pytest.raises(ValueError):
         REGISTRY.make("burn_rate", {"objective": 1.5})
+
+
+def test_burn_rate_on_values_already_relative_to_each_services_objective():
+    # app_slo's burn_rate field: the error ratio over the allowed one, per service
+    burn = REGISTRY.make("burn_rate", {"input": "burn", "factor": 10, "long": 4, "short": 2})
+    assert [burn.update(v, i).crossed for i, v in enumerate((0.5, 0.5, 30.0, 30.0))] == [
+        False, False, False, True]  # long: 15.25x; short: 30x
+    assert burn.update(0.0, 5).recovered is False  # short window still at 15x
+    assert burn.update(0.0, 6).recovered is True
+    with pytest.raises(ValueError, match="burn rate >= 0"):
+        burn.update(-1.0, 7)
+    for bad in ({"input": "burn", "objective": 0.99}, {"input": "percent"}):
+        with pytest.raises(ValueError):
+            REGISTRY.make("burn_rate", bad)

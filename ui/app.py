@@ -91,12 +91,20 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     auth = Auth(agent.settings)
     app.state.auth = auth
+    app_latency = getattr(agent, "app_latency", None)
+    own_auth: frozenset[str] = frozenset()  # paths that check a token of their own
+    if app_latency is not None and agent.settings.app_latency.receive.enabled:
+        from sloguard.ui.receive import RECEIVE_PATHS, receive_router
+
+        app.include_router(receive_router(app_latency, agent.settings.app_latency.receive,
+                                          agent.node))
+        own_auth = RECEIVE_PATHS
 
     @app.middleware("http")
     async def reading_needs_a_login_off_loopback(request: Request, call_next: Any) -> Response:
         path = request.url.path
-        if auth.read_open or path in OPEN_PATHS or path.startswith("/static/") or (
-                auth.authenticated(request)):
+        if auth.read_open or path in OPEN_PATHS or path in own_auth or (
+                path.startswith("/static/")) or auth.authenticated(request):
             return await call_next(request)
         if path.startswith("/api/") or path == "/metrics" or path == "/openapi.json":
             return JSONResponse({"detail": "this agent listens beyond loopback: send "

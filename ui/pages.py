@@ -69,5 +69,7 @@ def add_pages(app: FastAPI, agent: Any, templates: Any) -> None:
     def node_page(request: Request) -> Response:
         workloads = agent.cgroups.workloads() if agent.cgroups is not None else []
         workloads.sort(key=lambda w: (w.get("class", ""), w.get("pod") or w.get("workload", "")))
+        app_latency = getattr(agent, "app_latency", None)
         return render(request, "node.html", "node", components=agent.components(),
-                      workloads=workloads)
+                      workloads=workloads,
+                      targets=app_latency.target_status() if app_latency is not None else [])
