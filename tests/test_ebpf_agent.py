@@ -72,7 +72,7 @@ def test_agent_with_ebpf_writes_runqueue_latency(tmp_path, real_cgroups, sloguar
         # Compiled by the loader process: the agent itself never maps BCC's LLVM.
         maps = Path(f"/proc/{agent.proc.pid}/maps").read_text()
         assert "libbcc" not in maps and "LLVM" not in maps
-        assert "collector:ebpf" in agent.get("/").text
+        assert "collector:ebpf" in agent.get("/node").text  # the node page lists components
     finally:
         assert agent.terminate() == 0
     assert "eBPF attached: runqueue, block_io, reclaim" in (tmp_path / "agent.log").read_text()
@@ -95,7 +95,7 @@ def test_agent_without_working_ebpf_says_why_and_falls_back(tmp_path, real_cgrou
         assert "fallback: run-queue wait from /proc/PID/schedstat" in ebpf["reason"]
         ready = agent.get("/readyz")
         assert ready.status_code == 200 and ready.json()["ready"]  # rules keep guarding
-        assert "eBPF unavailable: runqueue: Failed to compile" in agent.get("/").text
+        assert "eBPF unavailable: runqueue: Failed to compile" in agent.get("/node").text
 
         def written():
             frame = _rows(data, "container_runqueue", "wait_rate")

@@ -817,3 +817,31 @@ def test_the_batch_path_imports_numpy_outside_the_detector_deadline(tmp_path):
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['MainThread']"
+
+
+def test_shipped_slo_interference_rule_needs_busy_be_work_and_drives_the_policy(tmp_path):
+    from pathlib import Path
+
+    shipped = (Path(__file__).resolve().parent.parent / "rules" / "ls-latency-slo.yaml")
+    h = _Harness(tmp_path, shipped.read_text())
+
+    def tick(second: int, ratio: float, be_cores: float) -> None:
+        now = h.now = T0 + second * S
+        samples = [
+            Sample("app_slo", {"node": "node-a", "service": "web", "percentile": "p99"},
+                   {"latency_ratio": ratio, "burn_rate": 0.0}, now),
+            Sample("container_cpu", {"node": "node-a", "class": "BE", "level": "pod",
+                                     "pod": "batch"}, {"usage_cores": be_cores}, now)]
+        h.store.write(samples)
+        h.windows.add(samples)
+        h.engine.evaluate(now)
+
+    for second in range(30):  # over the SLO, BE idle: the service's own problem
+        tick(second, 2.0, 0.02)
+    rules = {i.rule for i in h.all()}
+    assert "LSLatencySLOBreach" in rules and "LSLatencyInterference" not in rules
+    for second in range(30, 80):  # BE busy meanwhile: interference, the ladder's business
+        tick(second, 2.0, 1.5)
+    [guard] = [i for i in h.all() if i.rule == "LSLatencyInterference"]
+    assert guard.state == FIRING and guard.policy == "ls-interference"
+    assert guard.labels["resource"] == "cpu"
