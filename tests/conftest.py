@@ -122,3 +122,42 @@ def sloguard_bin() -> str:
     path = shutil.which("sloguard", path=str(Path(sys.executable).parent))
     assert path, "the sloguard console script is not installed in this environment"
     return path
+
+
+@pytest.fixture(scope="session")
+def influx_server():
+    """Debian's InfluxDB 1.x on loopback for the session (auth on; see support/influxenv.py)."""
+    from support.influxenv import InfluxServer, missing_message
+
+    missing = missing_message("influxd", "influxdb")
+    need(not missing, missing)
+    with InfluxServer() as server:
+        yield server
+
+
+@pytest.fixture
+def influx_db(influx_server) -> str:
+    """A fresh database on the session's InfluxDB server."""
+    return influx_server.create_database()
+
+
+@pytest.fixture
+def own_influx_server():
+    """An InfluxDB server of this test's own, which the test may stop and start."""
+    from support.influxenv import InfluxServer, missing_message
+
+    missing = missing_message("influxd", "influxdb")
+    need(not missing, missing)
+    with InfluxServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def victoria_server():
+    """Debian's VictoriaMetrics (NOT InfluxDB: it accepts line protocol on /api/v2/write)."""
+    from support.influxenv import VictoriaMetricsServer, missing_message
+
+    missing = missing_message("victoria-metrics", "victoria-metrics")
+    need(not missing, missing)
+    with VictoriaMetricsServer() as server:
+        yield server
