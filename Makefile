@@ -25,9 +25,11 @@ install-test: $(VENV)/.installed-test
 run: $(VENV)/.installed
 	$(BIN)/sloguard run $(ARGS)
 
-## Servers and binaries the tests talk to (a real kube-apiserver, cached after the first build).
+## Servers and binaries the tests talk to (a real kube-apiserver, cached after the first build;
+## Debian's influxdb and victoria-metrics, whose services are not started).
 test-deps:
 	bash scripts/kube-testenv.sh
+	bash scripts/influx-testenv.sh
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
@@ -39,6 +41,7 @@ test: install-test test-deps lint
 bench: install-test
 	$(BIN)/python benchmarks/agent_overhead.py
 	$(BIN)/python benchmarks/store_choice.py
+	$(BIN)/python benchmarks/influx_write.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
