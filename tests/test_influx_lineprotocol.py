@@ -53,8 +53,8 @@ def test_lines_and_values():
     line = encoder.line(Sample("m", {"b": "2", "a": "x y", "empty": ""},
                                {"f": 1.5, "i": 3, "ok": True, "s": 'q"', "nan": math.nan},
                                1_700_000_000_123_456_789))
-    # tags sorted, empty tag left out, ints as floats, NaN left out, ns timestamp
-    assert line == 'm,a=x\\ y,b=2 f=1.5,i=3.0,ok=true,s="q\\"" 1700000000123456789'
+    # tags sorted, empty tag left out, ints as floats (no `i`), NaN left out, ns timestamp
+    assert line == 'm,a=x\\ y,b=2 f=1.5,i=3,ok=true,s="q\\"" 1700000000123456789'
     assert encoder.skipped_values == 1
     with pytest.raises(LineRejected) as err:
         encoder.line(Sample("m", {}, {"nan": math.inf}, 1))
@@ -65,6 +65,11 @@ def test_lines_and_values():
     lines, rejected = encoder.encode([Sample("m", {"t": "ok"}, {"v": 1.0}, 1),
                                       Sample("m", {"t": "bad\n"}, {"v": 1.0}, 2)])
     assert lines == ["m,t=ok v=1.0 1"] and rejected[0][1].reason == "newline"
+    # the fast path (numbers only) and the general path agree
+    fast = encoder.line(Sample("m", {"t": "x"}, {"a": 1.25, "b": 7, "c": -1e-300}, 5))
+    slow = encoder.line(Sample("m", {"t": "x"}, {"a": 1.25, "b": 7, "c": -1e-300, "d": True},
+                               5))
+    assert fast == "m,t=x a=1.25,b=7,c=-1e-300 5" and slow == fast.replace(" 5", ",d=true 5")
 
 
 def test_influxql_quoting():

@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 SERIES_TTL_NS = 3600 * 10**9  # a series not written for an hour no longer counts to max_series
 MEMORY_BATCHES = 4  # batches queued in memory before a slow server sends them to the spool
 CLOSE_GRACE_S = 5.0
+WRITE_CHUNK = 1000  # samples encoded between two chances for the writer thread to run
 _NUMERIC = ("float", "integer", "boolean")
 
 
@@ -130,12 +131,17 @@ class InfluxStore:
             # in its own bounded buffer instead of this queue growing without bound.
             raise StoreError(f"InfluxDB at {self.url} not taking writes and the spool cannot "
                              f"be written: {self._spill_error}")
+        for start in range(0, len(samples), WRITE_CHUNK):
+            if start:
+                time.sleep(0)  # hand the GIL to the writer thread, which may have a reply
+            self._queue_lines(self._encode(samples[start:start + WRITE_CHUNK]))
+
+    def _encode(self, samples: list[Sample]) -> list[str]:
         encoder, series, limit = self._encoder, self._series, self.cfg.max_series
         lines: list[str] = []
         for sample in samples:
             try:
-                line = encoder.line(sample)
-                prefix = encoder.prefix(sample)
+                prefix, line = encoder.series_and_line(sample)
                 if prefix not in series and len(series) >= limit:
                     raise LineRejected(
                         "cardinality", f"{prefix}: more than store.max_series={limit} series "
@@ -145,6 +151,9 @@ class InfluxStore:
                 continue
             series[prefix] = sample.time_ns
             lines.append(line)
+        return lines
+
+    def _queue_lines(self, lines: list[str]) -> None:
         if not lines:
             return
         with self._cond:
@@ -153,7 +162,7 @@ class InfluxStore:
             self._pending.extend(lines)
             if len(self._pending) >= self.cfg.batch_size:
                 self._cut()
-                self._cond.notify()
+                self._cond.notify_all()
 
     _spill_error = ""
 
@@ -209,6 +218,8 @@ class InfluxStore:
                 if due:
                     self._cut()
                 closing = self._closing
+            if closing and self._last_error:
+                return  # the server is failing: no retries on the way out, all to the spool
             try:
                 self._deliver(deadline=self._close_deadline if closing else None)
             except Exception:  # the writer must outlive any one failure

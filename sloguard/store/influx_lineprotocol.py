@@ -17,20 +17,25 @@ backslash, and a backslash just before a character that must be escaped (the par
 reserved key and a point without a writable field are rejected with a reason; the caller counts
 and logs them, and never sends a line that would corrupt its batch.
 
-Numbers are written as floats, integers included: InfluxDB fixes a field's type per shard, and a
-collector that reports 3 on one tick and 2.5 on the next would otherwise have the second batch
-refused. Every reader (the pandas frames, the detectors) uses floats anyway.
+Numbers are written as floats, integers included (`3`, without the `i` suffix, is the float 3):
+InfluxDB fixes a field's type per shard, and a collector that reports 3 on one tick and 2.5 on
+the next would otherwise have the second batch refused. Every reader (the pandas frames, the
+detectors) uses floats anyway.
 """
 
 from __future__ import annotations
 
 import math
+import operator
+import re
 from collections.abc import Iterable
 
 from sloguard.samples import FieldValue, Sample
 
 RESERVED_KEYS = frozenset({"time", "_field", "_measurement"})
 _CACHE_MAX = 100_000
+# What repr() of a finite float or of an int never contains (nan, inf, True, quotes, ...).
+_NOT_A_NUMBER = re.compile(r"[^0-9.e+\-]")
 
 
 class LineRejected(ValueError):
@@ -100,18 +105,23 @@ def format_value(value: FieldValue) -> str | None:
     if isinstance(value, float):
         return repr(value) if math.isfinite(value) else None
     if isinstance(value, int):
-        return repr(float(value)) if abs(value) < 2**63 else None
+        return repr(value)
     if isinstance(value, str):
         return escape_string_field(value)
     raise LineRejected("type", f"field value {value!r} is a {type(value).__name__}")
 
 
 class LineEncoder:
-    """Encodes samples, caching the escaped series prefixes and field keys it has seen."""
+    """Encodes samples, caching the escaped series prefixes and field keys it has seen.
+
+    The common sample (every value a finite float or an int, as collectors produce) takes a
+    fast path: `repr` of every value, checked at once with one regex, joined to cached
+    `key=` strings. Anything else (bool, str, NaN, infinity) takes the general path.
+    """
 
     def __init__(self) -> None:
         self._prefixes: dict[tuple, str] = {}
-        self._keys: dict[str, str] = {}
+        self._fieldsets: dict[tuple[str, ...], tuple[str, ...]] = {}
         self.skipped_values = 0  # NaN / infinite field values left out of otherwise good lines
 
     def prefix(self, sample: Sample) -> str:
@@ -124,30 +134,50 @@ class LineEncoder:
             self._prefixes[cache_key] = prefix
         return prefix
 
-    def line(self, sample: Sample) -> str:
-        """One line (without the newline); raises LineRejected."""
-        prefix = self.prefix(sample)
-        keys = self._keys
-        fields = []
-        for name, value in sample.fields.items():
-            key = keys.get(name)
-            if key is None:
+    def _keys(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """`key=` for each field name (escaped), cached per field set."""
+        keys = self._fieldsets.get(names)
+        if keys is None:
+            for name in names:
                 if name in RESERVED_KEYS:
                     raise LineRejected("reserved", f"field key {name!r} is reserved by InfluxDB")
-                key = escape_key(name, "field key")
-                if len(keys) < _CACHE_MAX:
-                    keys[name] = key
+            keys = tuple(escape_key(name, "field key") + "=" for name in names)
+            if len(self._fieldsets) >= _CACHE_MAX:
+                self._fieldsets.clear()
+            self._fieldsets[names] = keys
+        return keys
+
+    def line(self, sample: Sample) -> str:
+        """One line (without the newline); raises LineRejected."""
+        return self.series_and_line(sample)[1]
+
+    def series_and_line(self, sample: Sample) -> tuple[str, str]:
+        """The series prefix (its identity on the server) and the line; raises LineRejected."""
+        prefix = self.prefix(sample)
+        fields = sample.fields
+        keys = self._keys(tuple(fields))
+        texts = list(map(repr, fields.values()))
+        if _NOT_A_NUMBER.search("".join(texts)) is None:  # finite floats and ints only
+            body = ",".join(map(operator.add, keys, texts))
+        else:
+            body = self._general(keys, fields)
+        time_ns = sample.time_ns
+        if type(time_ns) is not int or not -(2**63) <= time_ns < 2**63:
+            raise LineRejected("timestamp", f"timestamp {time_ns!r} is not an int64")
+        return prefix, f"{prefix} {body} {time_ns}"
+
+    def _general(self, keys: tuple[str, ...], fields: dict[str, FieldValue]) -> str:
+        parts = []
+        for key, value in zip(keys, fields.values(), strict=True):
             text = format_value(value)
             if text is None:
                 self.skipped_values += 1
                 continue
-            fields.append(f"{key}={text}")
-        if not fields:
-            raise LineRejected("no_fields", f"{sample.measurement}: no field value can be "
-                                            f"written (fields: {sorted(sample.fields)})")
-        if type(sample.time_ns) is not int or sample.time_ns < -(2**63) or sample.time_ns >= 2**63:
-            raise LineRejected("timestamp", f"timestamp {sample.time_ns!r} is not an int64")
-        return f"{prefix} {','.join(fields)} {sample.time_ns}"
+            parts.append(key + text)
+        if not parts:
+            raise LineRejected("no_fields", f"no field value can be written "
+                                            f"(fields: {sorted(fields)})")
+        return ",".join(parts)
 
     def encode(
         self, samples: Iterable[Sample]
