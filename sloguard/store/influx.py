@@ -31,7 +31,7 @@ import urllib3
 from sloguard.health import ComponentStatus
 from sloguard.samples import Sample
 from sloguard.store import StoreError, WindowQuery, check_aggregation
-from sloguard.store.influx_lineprotocol import LineEncoder, LineRejected
+from sloguard.store.influx_lineprotocol import LineEncoder
 from sloguard.store.influx_query import QueryClient, select_statement, to_frame, to_samples
 from sloguard.store.influx_spool import Spool, SpoolError
 from sloguard.store.influx_write import (
@@ -137,20 +137,9 @@ class InfluxStore:
             self._queue_lines(self._encode(samples[start:start + WRITE_CHUNK]))
 
     def _encode(self, samples: list[Sample]) -> list[str]:
-        encoder, series, limit = self._encoder, self._series, self.cfg.max_series
-        lines: list[str] = []
-        for sample in samples:
-            try:
-                prefix, line = encoder.series_and_line(sample)
-                if prefix not in series and len(series) >= limit:
-                    raise LineRejected(
-                        "cardinality", f"{prefix}: more than store.max_series={limit} series "
-                                       "written in the last hour")
-            except LineRejected as exc:
-                self._reject(exc.reason, str(exc), 1)
-                continue
-            series[prefix] = sample.time_ns
-            lines.append(line)
+        lines, rejected = self._encoder.encode(samples, self._series, self.cfg.max_series)
+        for _, exc in rejected:
+            self._reject(exc.reason, str(exc), 1)
         return lines
 
     def _queue_lines(self, lines: list[str]) -> None:

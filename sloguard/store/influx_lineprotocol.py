@@ -26,16 +26,14 @@ detectors) uses floats anyway.
 from __future__ import annotations
 
 import math
-import operator
-import re
 from collections.abc import Iterable
 
 from sloguard.samples import FieldValue, Sample
 
 RESERVED_KEYS = frozenset({"time", "_field", "_measurement"})
 _CACHE_MAX = 100_000
-# What repr() of a finite float or of an int never contains (nan, inf, True, quotes, ...).
-_NOT_A_NUMBER = re.compile(r"[^0-9.e+\-]")
+_NUMBERS = frozenset((float, int))  # not bool: True would print as "True"
+_MIN_NS, _MAX_NS = -(2**63), 2**63 - 1
 
 
 class LineRejected(ValueError):
@@ -112,16 +110,19 @@ def format_value(value: FieldValue) -> str | None:
 
 
 class LineEncoder:
-    """Encodes samples, caching the escaped series prefixes and field keys it has seen.
+    """Encodes samples, caching what it has escaped once.
 
     The common sample (every value a finite float or an int, as collectors produce) takes a
-    fast path: `repr` of every value, checked at once with one regex, joined to cached
-    `key=` strings. Anything else (bool, str, NaN, infinity) takes the general path.
+    fast path: one `%` template per series and field set, with the escaped prefix and `key=`
+    parts already in it, formats the whole line in one C call (`%r` of each value, which is the
+    shortest exact float). Anything else (bool, str, NaN, infinity) takes the general path.
     """
 
     def __init__(self) -> None:
         self._prefixes: dict[tuple, str] = {}
         self._fieldsets: dict[tuple[str, ...], tuple[str, ...]] = {}
+        # (measurement, field names, *tag items) -> (line template, series prefix)
+        self._templates: dict[tuple, tuple[str, str]] = {}
         self.skipped_values = 0  # NaN / infinite field values left out of otherwise good lines
 
     def prefix(self, sample: Sample) -> str:
@@ -156,15 +157,19 @@ class LineEncoder:
         prefix = self.prefix(sample)
         fields = sample.fields
         keys = self._keys(tuple(fields))
-        texts = list(map(repr, fields.values()))
-        if _NOT_A_NUMBER.search("".join(texts)) is None:  # finite floats and ints only
-            body = ",".join(map(operator.add, keys, texts))
-        else:
-            body = self._general(keys, fields)
         time_ns = sample.time_ns
-        if type(time_ns) is not int or not -(2**63) <= time_ns < 2**63:
+        if type(time_ns) is not int or not _MIN_NS <= time_ns <= _MAX_NS:
             raise LineRejected("timestamp", f"timestamp {time_ns!r} is not an int64")
-        return prefix, f"{prefix} {body} {time_ns}"
+        values = fields.values()
+        if _NUMBERS.issuperset(map(type, values)) and math.isfinite(sum(values)):
+            template = (prefix.replace("%", "%%") + " "
+                        + ",".join(k.replace("%", "%%") + "%r" for k in keys) + " %d")
+            if len(self._templates) >= _CACHE_MAX:
+                self._templates.clear()
+            self._templates[(sample.measurement, tuple(fields), *sample.tags.items())] = (
+                template, prefix)
+            return prefix, template % (*values, time_ns)
+        return prefix, f"{prefix} {self._general(keys, fields)} {time_ns}"
 
     def _general(self, keys: tuple[str, ...], fields: dict[str, FieldValue]) -> str:
         parts = []
@@ -180,14 +185,41 @@ class LineEncoder:
         return ",".join(parts)
 
     def encode(
-        self, samples: Iterable[Sample]
+        self, samples: Iterable[Sample], series: dict[str, int] | None = None,
+        max_series: int = 0,
     ) -> tuple[list[str], list[tuple[Sample, LineRejected]]]:
-        """Lines for the writable samples, and the rejected ones with their reasons."""
+        """Lines for the writable samples, and the rejected ones with their reasons.
+
+        With `series`, each sample's series prefix is recorded there with its timestamp, and
+        a series not yet in it is refused once it holds `max_series`.
+        """
         lines: list[str] = []
         rejected: list[tuple[Sample, LineRejected]] = []
+        append = lines.append
+        templates = self._templates
+        numbers, isfinite = _NUMBERS, math.isfinite
         for sample in samples:
-            try:
-                lines.append(self.line(sample))
-            except LineRejected as exc:
-                rejected.append((sample, exc))
+            fields = sample.fields
+            entry = templates.get((sample.measurement, tuple(fields), *sample.tags.items()))
+            values = fields.values()
+            time_ns = sample.time_ns
+            if (entry is not None and numbers.issuperset(map(type, values))
+                    and isfinite(sum(values)) and type(time_ns) is int
+                    and _MIN_NS <= time_ns <= _MAX_NS):
+                template, prefix = entry
+                line = template % (*values, time_ns)
+            else:
+                try:
+                    prefix, line = self.series_and_line(sample)
+                except LineRejected as exc:
+                    rejected.append((sample, exc))
+                    continue
+            if series is not None:
+                if prefix not in series and len(series) >= max_series:
+                    rejected.append((sample, LineRejected(
+                        "cardinality", f"{prefix}: more than store.max_series={max_series} "
+                                       "series written in the last hour")))
+                    continue
+                series[prefix] = time_ns
+            append(line)
         return lines, rejected
