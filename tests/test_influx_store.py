@@ -31,7 +31,7 @@ HOSTILE = [
     "with space", "comma,here", "equals=sign", 'double"quote', "single'quote",
     "back\\slash", "C:\\Program Files\\x", "ünïcødé 😀", "x' OR 'a'='a", '") OR ("a"="a',
     "'; DROP DATABASE sloguard; '", "/.*/", "a|b", "(group)", "[class]", "dot.star.*",
-    "tab\there", "=,= ,=", "\\'", "end'",
+    "tab\there", "=,= ,=", "\\'", "end'", "100%", "%r %d %s %%",
 ]
 
 
@@ -365,3 +365,22 @@ def test_secrets_never_shown(influx_server, influx_db, tmp_path, sloguard_bin, c
         store.close()
     with pytest.raises(StoreError):
         InfluxStore(cfg, tmp_path / "data", writer=False).write(_synthetic(1))
+
+
+def test_series_bound_refuses_new_series_until_old_ones_expire(tmp_path):
+    from support.influxenv import free_port
+
+    registry = CollectorRegistry()
+    cfg = StoreConfig(kind="influxdb", url=f"http://127.0.0.1:{free_port()}", database="x",
+                      api="v1", max_series=2, timeout=1)
+    store = InfluxStore(cfg, tmp_path / "d", AgentMetrics(registry).influx())
+    try:
+        store.write([Sample("m", {"s": str(i)}, {"v": 1.0}, T0) for i in range(3)])
+        store.write([Sample("m", {"s": "0"}, {"v": 2.0}, T0 + S)])  # a known series goes on
+        assert _metric(registry, "sloguard_influx_points_rejected_total",
+                       '{reason="cardinality"}') == 1
+        store.maintain(T0 + 2 * 3600 * S)  # an hour later the old series no longer count
+        store.write([Sample("m", {"s": "new"}, {"v": 1.0}, T0 + 2 * 3600 * S)])
+        assert store.points_rejected == 1
+    finally:
+        store.close()
