@@ -9,7 +9,9 @@ Issue #4 asks for two figures:
    them when `gzip: true`, and the clock stops when the server has acknowledged the last one
    (`flush()`). The reference's line protocol is built before its clock starts.
 2. the latency to read 5 minutes of one series into pandas through InfluxQL, next to the
-   embedded SQLite store reading the same window from the same samples.
+   embedded SQLite store reading the same window from the same samples;
+3. and, for the README's cardinality figures, what one series of container tags costs the
+   server (RSS of influxd, bytes on disk) when many containers have come and gone.
 
 Both run against Debian's InfluxDB 1.6.7 (the only InfluxDB installable here), started on
 loopback by the test support code, with a fresh database per run so that no run overwrites
@@ -151,11 +153,38 @@ def read_latency(server: InfluxServer, tmp: Path, reads: int) -> tuple[float, fl
         embedded.close()
 
 
+def series_cost(server: InfluxServer, series: int) -> tuple[float, float]:
+    """Server memory and disk per series of the agent's container tags: `series` new series
+    (as that many short-lived containers would leave behind), one point each."""
+    db = server.create_database("bench_series")
+    time.sleep(1.0)
+    before = server.rss_bytes()
+    disk_before = sum(f.stat().st_size for f in server.workdir.rglob("*") if f.is_file())
+    encoder = LineEncoder()
+    lines = []
+    for i in range(series):
+        tags = {"node": "bench-node", "cgroup": f"/kubepods.slice/kubepods-burstable.slice/"
+                f"kubepods-burstable-pod{i:08d}_aaaa_bbbb_cccc_dddddddddddd.slice/"
+                f"cri-containerd-{i:064x}.scope", "level": "container", "qos": "burstable",
+                "class": "LS", "pod_uid": f"{i:08d}-aaaa-bbbb-cccc-dddddddddddd",
+                "container_id": f"{i:064x}", "pod": f"app-{i % 500:03d}-{i:06x}",
+                "namespace": f"team-{i % 7}", "container": "main"}
+        lines.append(encoder.line(Sample("container_cpu", tags, {"usage_cores": 0.5}, T0 + i)))
+    bodies = [("\n".join(lines[i:i + BATCH]) + "\n").encode()
+              for i in range(0, len(lines), BATCH)]
+    bare_http(server, db, bodies, len(lines))
+    time.sleep(2.0)
+    after = server.rss_bytes()
+    disk_after = sum(f.stat().st_size for f in server.workdir.rglob("*") if f.is_file())
+    return (after - before) / series, (disk_after - disk_before) / series
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--points", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--reads", type=int, default=50)
+    parser.add_argument("--series", type=int, default=20_000)
     args = parser.parse_args()
     missing = missing_message("influxd", "influxdb")
     if missing:
@@ -188,6 +217,8 @@ def main() -> None:
                 log(f"[3/4] repeat {repeat + 1}/{args.repeats} {name:>5}: {rate:,.0f} points/s")
         log(f"[4/4] reading 5 minutes of one series, {args.reads} times")
         influx_ms, embedded_ms, rows = read_latency(server, Path(tmp), args.reads)
+        log(f"[4/4] {args.series} container series: what each costs the server")
+        rss_per_series, disk_per_series = series_cost(server, args.series)
 
     bare = statistics.median(results["bare"])
     print(f"\n{args.points:,} points of the agent's shape in batches of {BATCH:,} to InfluxDB "
@@ -208,6 +239,9 @@ def main() -> None:
     print(f"| embedded SQLite | {embedded_ms:.2f} | 1.00 |")
     print(f"| InfluxDB 1.6.7, InfluxQL over /query | {influx_ms:.2f} | "
           f"{influx_ms / embedded_ms:.2f} |")
+    print(f"\nCost of one series of container tags on the server ({args.series:,} series, "
+          f"one point each; inmem index): {rss_per_series / 1024:.1f} KiB of RSS, "
+          f"{disk_per_series:.0f} bytes on disk (WAL, before compaction)")
 
 
 if __name__ == "__main__":

@@ -98,6 +98,19 @@ class _Server:
                            f"{_tail(self.log_path)}")
 
     @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the server process (0 when it is not running)."""
+        if self.pid is None:
+            return 0
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
