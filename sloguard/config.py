@@ -83,7 +83,8 @@ class StoreConfig(_Section):
     batch_size: int = Field(5000, ge=1, le=1_000_000, description="points per write request")
     flush_interval: Duration = Field(1.0, gt=0, description="longest a point waits for a batch")
     timeout: Duration = Field(10.0, gt=0, description="HTTP timeout of one request")
-    gzip: bool = Field(True, description="compress write requests")
+    gzip: bool | Literal["auto"] = Field(
+        "auto", description="compress write requests; auto: unless the server is on loopback")
     verify_tls: bool = True
     max_backoff: Duration = Field(30.0, gt=0, description="longest wait between retries")
     spool_max_size: Size = Field(

@@ -107,3 +107,16 @@ def test_write_outcomes_and_version_choice():
     assert path_for_version("3.0.1") == "v2"
     assert path_for_version("") == "v1"
     assert redact_url("http://u:secret@h:8086/x") == "http://***@h:8086/x"
+
+
+def test_gzip_auto_compresses_unless_the_server_is_on_loopback():
+    from sloguard.config import StoreConfig
+    from sloguard.store.influx import wants_gzip
+
+    def gz(url: str, setting: bool | str = "auto") -> bool:
+        return wants_gzip(StoreConfig(kind="influxdb", url=url, bucket="b", gzip=setting))
+
+    assert not gz("http://127.0.0.1:8086") and not gz("http://localhost:8086")
+    assert not gz("http://[::1]:8086") and not gz("http://127.8.9.10")
+    assert gz("https://influx.example.net") and gz("http://10.1.2.3:8086")
+    assert gz("http://127.0.0.1:8086", True) and not gz("https://influx.example.net", False)

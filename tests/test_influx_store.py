@@ -147,9 +147,10 @@ def test_percentiles_are_influxql_nearest_rank(store_pair):
 
 def test_hostile_tag_values_round_trip_and_cannot_inject(influx_server, influx_db, tmp_path):
     registry = CollectorRegistry()
-    store = InfluxStore(_cfg(influx_server, influx_db), tmp_path / "d",
+    store = InfluxStore(_cfg(influx_server, influx_db, gzip=True), tmp_path / "d",
                         AgentMetrics(registry).influx())
     try:
+        assert store.status().details["gzip"] is True
         samples = [Sample("container_cpu", {"pod": value, "k": "v"}, {"usage_cores": float(i)},
                           T0 + i * S) for i, value in enumerate(HOSTILE)]
         bad = [Sample("container_cpu", {"pod": "new\nline"}, {"usage_cores": 1.0}, T0),

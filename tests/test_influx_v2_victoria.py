@@ -40,7 +40,7 @@ def test_writes_reach_the_server_through_the_chosen_path(victoria_server, tmp_pa
     bucket = f"sloguard-{api}"
     cfg = StoreConfig(kind="influxdb", url=victoria_server.url, api=api, bucket=bucket,
                       org="lab", token="not-checked-by-victoria-metrics", flush_interval=0.1,
-                      batch_size=7)
+                      batch_size=7, gzip=api == "v2")  # influxdb-client's gzip, on the v2 run
     store = InfluxStore(cfg, tmp_path / "data", AgentMetrics(registry).influx())
     samples = _samples(time.time_ns() // 1_000_000, 20)
     try:
