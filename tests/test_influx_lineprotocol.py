@@ -120,3 +120,39 @@ def test_gzip_auto_compresses_unless_the_server_is_on_loopback():
     assert not gz("http://[::1]:8086") and not gz("http://127.8.9.10")
     assert gz("https://influx.example.net") and gz("http://10.1.2.3:8086")
     assert gz("http://127.0.0.1:8086", True) and not gz("https://influx.example.net", False)
+
+
+def test_backoff_grows_with_jitter_and_honours_retry_after(tmp_path):
+    """The writer's own retry schedule (no server involved: nothing listens on the port)."""
+    import time
+
+    from support.influxenv import free_port
+
+    from sloguard.config import StoreConfig
+    from sloguard.store import StoreError, WindowQuery
+    from sloguard.store.influx import InfluxStore
+    from sloguard.store.influx_write import SendResult
+
+    cfg = StoreConfig(kind="influxdb", url=f"http://127.0.0.1:{free_port()}", database="x",
+                      api="v1", max_backoff=8, timeout=1)
+    store = InfluxStore(cfg, tmp_path / "d")
+    try:
+        failing = SendResult(False, retryable=True, message="HTTP 503: busy")
+        waits = []
+        for _ in range(8):
+            store._backoff(failing)
+            waits.append(store._next_attempt - time.monotonic())
+        assert 0.4 < waits[0] <= 1.0 and all(w <= 8.0 for w in waits)
+        assert waits[-1] >= 4.0 - 0.1  # capped at max_backoff, at least half of it
+        assert len({round(w, 3) for w in waits[4:]}) > 1  # jitter
+        store._backoff(SendResult(False, retryable=True, retry_after=20.0))
+        assert store._next_attempt - time.monotonic() >= 19.9  # Retry-After beats the cap
+        assert "503" in store.status().reason or store.status().reason
+        # a server that cannot be reached is not asked again for every read at once
+        started = time.monotonic()
+        for _ in range(5):
+            with pytest.raises(StoreError):
+                store.read_samples(WindowQuery("m", 0, 1, fields=("v",)))
+        assert time.monotonic() - started < 1.5
+    finally:
+        store.close()

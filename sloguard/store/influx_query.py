@@ -23,6 +23,7 @@ store interpolates; the two can differ between neighbouring samples.
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 import urllib3
@@ -35,6 +36,7 @@ from sloguard.store.influx_write import Credentials, http_pool, redact_url, time
 if TYPE_CHECKING:
     import pandas as pd
 
+UNREACHABLE_PAUSE_S = 10.0
 _FUNCTIONS = {"mean": "MEAN", "min": "MIN", "max": "MAX", "sum": "SUM", "count": "COUNT",
               "first": "FIRST", "last": "LAST", "median": "MEDIAN"}
 
@@ -101,9 +103,18 @@ class QueryClient:
         self._headers = creds.auth_headers()
         self._timeout = timeout_of(timeout_s)
         self._http = http_pool(verify_tls)
+        self._down_until = 0.0
+        self._down_reason = ""
 
     def run(self, statement: str) -> list[dict[str, Any]]:
-        """The series of the statement's result (one dict per series)."""
+        """The series of the statement's result (one dict per series).
+
+        A server that could not be reached is not tried again for UNREACHABLE_PAUSE_S: the
+        agent backfills one window per rule signal at start, and each would otherwise wait for
+        its own connect timeout.
+        """
+        if time.monotonic() < self._down_until:
+            raise StoreError(self._down_reason)
         fields = {"db": self.creds.db, "q": statement, "epoch": "ns"}
         if self.creds.retention_policy:
             fields["rp"] = self.creds.retention_policy
@@ -112,8 +123,9 @@ class QueryClient:
                 "POST", self._url, fields=fields, headers=self._headers,
                 encode_multipart=False, timeout=self._timeout)
         except urllib3.exceptions.HTTPError as exc:
-            raise StoreError(f"InfluxDB {redact_url(self.creds.url)}: cannot query: {exc}") \
-                from exc
+            self._down_reason = f"InfluxDB {redact_url(self.creds.url)}: cannot query: {exc}"
+            self._down_until = time.monotonic() + UNREACHABLE_PAUSE_S
+            raise StoreError(self._down_reason) from exc
         try:
             body = json.loads(response.data or b"{}")
         except ValueError:

@@ -110,6 +110,13 @@ class _Server:
                 return int(line.split()[1]) * 1024
         return 0
 
+    def cpu_seconds(self) -> float:
+        """CPU time the server process has used (user + system)."""
+        if self.pid is None:
+            return 0.0
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
