@@ -217,7 +217,8 @@ class InfluxStore:
     @property
     def backlog(self) -> int:
         """Points written but not yet acknowledged by the server nor spooled."""
-        return len(self._pending) + sum(b.points for b in list(self._ready)) + self._in_flight
+        with self._cond:
+            return len(self._pending) + sum(b.points for b in self._ready) + self._in_flight
 
     def _count_dropped(self, dropped: list) -> None:
         if dropped and self.metrics is not None:
