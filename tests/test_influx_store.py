@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import subprocess
+import time
 
 import pandas as pd
 import pytest
@@ -222,6 +223,11 @@ def test_outage_restart_and_replay_in_order(own_influx_server, tmp_path):
     status = store.status()
     assert not status.ok and "spooled" in status.reason
     assert status.details["spool_batches"] >= 1
+    store.write([Sample("node_load", {"node": "n"}, {"load1": 3.0}, T0 + 200 * S)])
+    deadline = time.monotonic() + 5  # spooled within a flush interval, not at the next retry
+    while store.status().details["pending_points"]:
+        assert time.monotonic() < deadline, store.status()
+        time.sleep(0.05)
     assert _metric(registry, "sloguard_influx_spool_batches") >= 1
     assert _metric(registry, "sloguard_influx_spool_bytes") > 0
     assert _metric(registry, "sloguard_influx_write_failures_total") >= 1

@@ -246,6 +246,8 @@ class InfluxStore:
                     or time.monotonic() - self._pending_since >= self.cfg.flush_interval)
                 if due:
                     self._cut()
+                if self._last_error and self._ready and not self._in_flight:
+                    self._spill()  # while the server is away, batches wait on disk, not in RAM
                 closing = self._closing
             if closing and self._last_error:
                 return  # the server is failing: no retries on the way out, all to the spool
