@@ -76,6 +76,19 @@ class RealCgroups:
         proc.stdin.close()
         return proc
 
+    def prioritise(self, rel: str) -> None:
+        """Give `rel` and its parents under the prefix the highest CPU weight, so that a test's
+        busy loop gets its core even while other work loads the machine (the CI machine may be
+        shared). cgroup v1 `cpu.shares`, or v2 `cpu.weight` where the controller is enabled."""
+        parts = rel.split("/")
+        for depth in range(1, len(parts) + 1):
+            path = "/".join(parts[:depth])
+            for root in self.hierarchies():
+                for name, value in (("cpu.shares", "262144"), ("cpu.weight", "10000")):
+                    target = root / path / name
+                    if target.exists():
+                        target.write_text(value)
+
     def move(self, pid: int, rel: str) -> None:
         for root in self.hierarchies():
             (root / rel / "cgroup.procs").write_text(str(pid))
