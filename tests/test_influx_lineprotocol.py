@@ -72,6 +72,17 @@ def test_lines_and_values():
     assert fast == "m,t=x a=1.25,b=7,c=-1e-300 5" and slow == fast.replace(" 5", ",d=true 5")
 
 
+def test_cached_templates_never_mix_series():
+    encoder = LineEncoder()
+    one = Sample("m", {"a": "b"}, {"c": 1.0}, 1)
+    other = Sample("m", {}, {"a": 2.0, "b": 3.0, "c": 4.0}, 1)
+    reordered = Sample("m", {"b": "a"}, {"c": 1.0}, 1)
+    for _ in range(2):  # the second pass takes the cached fast path
+        lines, rejected = encoder.encode([one, other, reordered])
+        assert not rejected
+        assert lines == ["m,a=b c=1.0 1", "m a=2.0,b=3.0,c=4.0 1", "m,b=a c=1.0 1"]
+
+
 def test_influxql_quoting():
     assert quote_ident('we"ird\\') == '"we\\"ird\\\\"'
     assert quote_string("x' OR 'a'='a") == "'x\\' OR \\'a\\'=\\'a'"

@@ -109,6 +109,13 @@ def format_value(value: FieldValue) -> str | None:
     raise LineRejected("type", f"field value {value!r} is a {type(value).__name__}")
 
 
+def _template_key(sample: Sample) -> tuple:
+    """Measurement, tag count, tag keys, tag values, field names: one flat tuple (no tuple per
+    tag item to allocate and hash), unambiguous because the tag count says where keys end."""
+    tags = sample.tags
+    return (sample.measurement, len(tags), *tags, *tags.values(), *sample.fields)
+
+
 class LineEncoder:
     """Encodes samples, caching what it has escaped once.
 
@@ -121,7 +128,7 @@ class LineEncoder:
     def __init__(self) -> None:
         self._prefixes: dict[tuple, str] = {}
         self._fieldsets: dict[tuple[str, ...], tuple[str, ...]] = {}
-        # (measurement, field names, *tag items) -> (line template, series prefix)
+        # _template_key(sample) -> (line template, series prefix)
         self._templates: dict[tuple, tuple[str, str]] = {}
         self.skipped_values = 0  # NaN / infinite field values left out of otherwise good lines
 
@@ -166,8 +173,7 @@ class LineEncoder:
                         + ",".join(k.replace("%", "%%") + "%r" for k in keys) + " %d")
             if len(self._templates) >= _CACHE_MAX:
                 self._templates.clear()
-            self._templates[(sample.measurement, tuple(fields), *sample.tags.items())] = (
-                template, prefix)
+            self._templates[_template_key(sample)] = (template, prefix)
             return prefix, template % (*values, time_ns)
         return prefix, f"{prefix} {self._general(keys, fields)} {time_ns}"
 
@@ -199,8 +205,10 @@ class LineEncoder:
         templates = self._templates
         numbers, isfinite = _NUMBERS, math.isfinite
         for sample in samples:
-            fields = sample.fields
-            entry = templates.get((sample.measurement, tuple(fields), *sample.tags.items()))
+            fields, tags = sample.fields, sample.tags
+            # _template_key(), inlined: this loop runs for every point the agent writes
+            entry = templates.get((sample.measurement, len(tags), *tags, *tags.values(),
+                                   *fields))
             values = fields.values()
             time_ns = sample.time_ns
             if (entry is not None and numbers.issuperset(map(type, values))
