@@ -155,7 +155,7 @@ class _Server:
         url = self.url + path + ("?" + urllib.parse.urlencode(params) if params else "")
         request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
         try:
-            with urllib.request.urlopen(request, timeout=10) as response:
+            with urllib.request.urlopen(request, timeout=60) as response:  # a loaded CI box
                 return response.status, dict(response.headers), response.read()
         except urllib.error.HTTPError as exc:
             return exc.code, dict(exc.headers), exc.read()
