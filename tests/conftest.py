@@ -165,6 +165,26 @@ def own_influx_server():
         yield server
 
 
+@pytest.fixture
+def make_influx_server():
+    """Starts InfluxDB servers with options of the test's own (e.g. max_body_size)."""
+    from support.influxenv import InfluxServer, missing_message
+
+    missing = missing_message("influxd", "influxdb")
+    need(not missing, missing)
+    servers = []
+
+    def make(**options):
+        server = InfluxServer(**options)
+        servers.append(server)
+        server.start()
+        return server
+
+    yield make
+    for server in servers:
+        server.close()
+
+
 @pytest.fixture(scope="session")
 def victoria_server():
     """Debian's VictoriaMetrics (NOT InfluxDB: it accepts line protocol on /api/v2/write)."""

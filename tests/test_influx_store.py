@@ -391,3 +391,19 @@ def test_series_bound_refuses_new_series_until_old_ones_expire(tmp_path):
         assert store.points_rejected == 1
     finally:
         store.close()
+
+
+def test_a_batch_over_the_servers_body_limit_is_split(make_influx_server, tmp_path):
+    """influxd refuses bodies over its max-body-size with 413: the writer halves the batch
+    until the parts fit, and every point arrives."""
+    server = make_influx_server(max_body_size=4096)
+    db = server.create_database()
+    store = InfluxStore(_cfg(server, db, batch_size=400, gzip=False), tmp_path / "d")
+    try:
+        store.write(_synthetic(100))  # 300 lines, ~20 KB in one batch
+        assert store.flush(30), store.status()
+        assert server.count(db, "container_cpu", "usage_cores") == 200
+        assert server.count(db, "node_load", "load1") == 100
+        assert store.points_rejected == 0
+    finally:
+        store.close()

@@ -166,7 +166,7 @@ class InfluxServer(_Server):
 
     name = "influxd"
 
-    def __init__(self) -> None:
+    def __init__(self, max_body_size: int = 25_000_000) -> None:
         super().__init__()
         self.rpc_port = free_port()
         self.username = "sloguard-admin"
@@ -182,6 +182,7 @@ class InfluxServer(_Server):
             f'[monitor]\n  store-enabled = false\n'
             f'[http]\n  bind-address = "127.0.0.1:{self.port}"\n  auth-enabled = true\n'
             f'  log-enabled = false\n  pprof-enabled = false\n'
+            f'  max-body-size = {max_body_size}\n'
             f'[ifql]\n  enabled = false\n'
             f'[continuous_queries]\n  enabled = false\n'
             f'[logging]\n  level = "warn"\n  suppress-logo = true\n')
