@@ -32,9 +32,11 @@ run: $(VENV)/.installed
 bcc-setup: $(VENV)/.installed
 	bash scripts/bcc-setup.sh $(VENV)
 
-## Servers and binaries the tests talk to (a real kube-apiserver, cached after the first build).
+## Servers and binaries the tests talk to (a real kube-apiserver, cached after the first build;
+## Debian's influxdb and victoria-metrics, whose services are not started; Debian's chromium).
 test-deps: bcc-setup
 	bash scripts/kube-testenv.sh
+	bash scripts/influx-testenv.sh
 	bash scripts/browser-testenv.sh
 
 lint: $(VENV)/.installed-test
@@ -48,6 +50,7 @@ bench: install-test bcc-setup
 	$(BIN)/python benchmarks/agent_overhead.py
 	$(BIN)/python benchmarks/store_choice.py
 	$(BIN)/python benchmarks/ebpf_overhead.py
+	$(BIN)/python benchmarks/influx_write.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -33,7 +33,7 @@ from sloguard.incidents import FIRING, RESOLVED, Evidence, Incident, new_inciden
 from sloguard.samples import Sample
 from sloguard.selfmetrics import AgentMetrics
 from sloguard.store import StoreError
-from sloguard.store.embedded import open_store
+from sloguard.store.factory import open_configured_store
 from sloguard.store.incidents_db import IncidentStore
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class Agent:
             data_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"data_dir {data_dir}: cannot create it: {exc.strerror}") from exc
-        self.store = open_store(data_dir, settings.store.retention, settings.store.max_size)
+        self.store = open_configured_store(settings, self.metrics)
         self.incidents = IncidentStore(data_dir / "incidents.db")
         self.pods: Any = None
         self._kube_error = ""

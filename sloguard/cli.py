@@ -243,7 +243,7 @@ def backtest(
     from sloguard.detector.registry import DetectorRegistry
     from sloguard.detector.rules import RuleSet
     from sloguard.store import StoreError
-    from sloguard.store.embedded import open_store
+    from sloguard.store.factory import open_configured_store
     from sloguard.units import parse_duration
 
     settings = _load(config, data_dir, None).settings
@@ -264,11 +264,11 @@ def backtest(
             typer.echo(problem, err=True)
         raise typer.Exit(1)
     database = settings.data_dir / "samples.db"
-    if not database.exists():
+    if settings.store.kind == "embedded" and not database.exists():
         typer.echo(f"sloguard: no stored history at {database}", err=True)
         raise typer.Exit(2)
     try:
-        store = open_store(settings.data_dir, settings.store.retention, settings.store.max_size)
+        store = open_configured_store(settings, writer=False)
     except StoreError as exc:
         typer.echo(f"sloguard: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -276,9 +276,14 @@ def backtest(
     def progress(done: float) -> None:
         typer.echo(f"  replayed {done:4.0%}", err=True)
 
-    result = run_backtest(store, ruleset, registry, start_ns, end_ns, step_s,
-                          node=settings.node_name, progress=progress)
-    store.close()
+    try:
+        result = run_backtest(store, ruleset, registry, start_ns, end_ns, step_s,
+                              node=settings.node_name, progress=progress)
+    except StoreError as exc:
+        typer.echo(f"sloguard: cannot read the history: {exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        store.close()
 
     def when(ns: int | None) -> str:
         return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S") if ns else "-"

@@ -34,6 +34,9 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from sloguard.units import parse_duration, parse_size
 from sloguard.yamlfile import YamlFileError, read_yaml
 
+# Settings whose values never appear in output, logs or errors (pydantic's SecretStr prints
+# them as '**********'; errors about them leave the given value out).
+SECRET_FIELDS = frozenset({"token", "password"})
 ENV_PREFIX = "SLOGUARD_"
 ENV_NESTED = "__"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -60,12 +63,64 @@ class _Section(BaseModel):
 
 
 class StoreConfig(_Section):
-    kind: Literal["embedded"] = "embedded"
-    retention: Duration = Field(6 * 3600, description="drop samples older than this")
-    max_size: Size = Field(1024**3, description="drop the oldest samples above this size")
+    kind: Literal["embedded", "influxdb"] = "embedded"
+    retention: Duration = Field(6 * 3600, description="drop samples older than this (embedded)")
+    max_size: Size = Field(
+        1024**3, description="drop the oldest samples above this size (embedded)")
     buffer_samples: int = Field(
         200_000, ge=1000, description="samples kept in memory while the store cannot be written"
     )
+    # kind: influxdb. The server's version (/ping) picks the write path unless `api` says.
+    url: str | None = Field(
+        None, validate_default=True, description="InfluxDB base URL, e.g. http://influx:8086")
+    api: Literal["auto", "v1", "v2"] = Field(
+        "auto", description="auto: v2 write API on 1.8+, 2.x, 3.x; 1.x /write before 1.8")
+    token: SecretStr | None = Field(None, description="v2 API token")
+    org: str | None = Field(None, description="v2 API organisation")
+    bucket: str | None = Field(None, description="v2 API bucket")
+    database: str | None = Field(
+        None, validate_default=True,
+        description="1.x database; also the database /query reads (default: the bucket)")
+    retention_policy: str | None = Field(None, description="1.x retention policy")
+    username: str | None = Field(None, description="1.x user")
+    password: SecretStr | None = Field(None, description="1.x password")
+    batch_size: int = Field(5000, ge=1, le=1_000_000, description="points per write request")
+    flush_interval: Duration = Field(1.0, gt=0, description="longest a point waits for a batch")
+    timeout: Duration = Field(10.0, gt=0, description="HTTP timeout of one request")
+    gzip: bool | Literal["auto"] = Field(
+        "auto", description="compress write requests; auto: unless the server is on loopback")
+    verify_tls: bool = True
+    max_backoff: Duration = Field(30.0, gt=0, description="longest wait between retries")
+    spool_max_size: Size = Field(
+        256 * 1024**2, ge=1024, description="bound of the on-disk spool (data_dir/influx-spool)")
+    spool_full: Literal["drop_oldest", "drop_newest"] = Field(
+        "drop_oldest", description="which batches go when the spool is full (counted, logged)")
+    max_series: int = Field(
+        20_000, ge=1, description="distinct series written per hour; new ones beyond are refused")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            if info.data.get("kind") == "influxdb":
+                raise ValueError("required with kind: influxdb (e.g. http://127.0.0.1:8086)")
+            return value
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL")
+        if parts.password:
+            raise ValueError("put the password in store.password (or the token in store.token),"
+                             " not in the URL")
+        return value
+
+    @field_validator("database")
+    @classmethod
+    def _database(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("kind") == "influxdb" and not value and not info.data.get("bucket"):
+            raise ValueError("set database (InfluxDB 1.x) or bucket (v2 API): where samples go")
+        return value
 
 
 class NodeCollectorConfig(_Section):
@@ -736,8 +791,11 @@ def _describe(exc: ValidationError, loaded: LoadedSettings) -> str:
         where = loaded.source_of(path, nearest=True)
         if where == "default" and loaded.file:
             where = str(loaded.file)
-        if SECRET_NAMES & set(path) or _mentions_secret(given) or isinstance(given, dict):
+        if (SECRET_NAMES | SECRET_FIELDS) & set(path) or _mentions_secret(given) or (
+                isinstance(given, dict)):
             given = None  # never echo a secret back (nor a whole section)
+        elif isinstance(given, str) and "@" in given and path and path[-1] == "url":
+            given = None  # user:password@host
         if error["type"] == "extra_forbidden":
             message = "unknown setting (check the spelling; `sloguard config show` lists them)"
         elif given is not None and error["type"] != "missing" and repr(given) not in message:

@@ -56,11 +56,71 @@ class AgentMetrics:
             registry=registry,
         )
 
+    def influx(self) -> InfluxMetrics:
+        """The InfluxDB writer's metrics, registered only when that store is used."""
+        return InfluxMetrics(self.registry)
+
     def gauge_callback(
         self, name: str, doc: str, label: str, read: Callable[[], dict[str, float]]
     ) -> None:
         """A gauge family computed at scrape time (e.g. incidents by state from the database)."""
         self.registry.register(_CallbackCollector(name, doc, label, read))
+
+
+class InfluxMetrics:
+    """What the InfluxDB writer did: sent, refused, retried, spooled, dropped."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.points_sent = Counter(
+            "sloguard_influx_points_sent_total", "Points InfluxDB acknowledged", ["path"],
+            registry=registry,
+        )
+        self.batches_sent = Counter(
+            "sloguard_influx_batches_sent_total", "Write requests InfluxDB acknowledged",
+            ["path"], registry=registry,
+        )
+        self.points_rejected = Counter(
+            "sloguard_influx_points_rejected_total",
+            "Points not written because line protocol cannot carry them (newline, trailing "
+            "backslash, ...), the series bound was reached, or the server refused them (4xx)",
+            ["reason"], registry=registry,
+        )
+        self.write_failures = Counter(
+            "sloguard_influx_write_failures_total",
+            "Write requests that failed and will be retried (unreachable, 5xx, 429, 401/403/404)",
+            registry=registry,
+        )
+        self.spool_dropped_batches = Counter(
+            "sloguard_influx_spool_dropped_batches_total",
+            "Batches dropped because the spool was full (store.spool_full says which)",
+            registry=registry,
+        )
+        self.spool_dropped_points = Counter(
+            "sloguard_influx_spool_dropped_points_total",
+            "Points in batches dropped because the spool was full", registry=registry,
+        )
+        self.write_seconds = Histogram(
+            "sloguard_influx_write_seconds", "Time of one write request", registry=registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+        )
+
+    def spool_callback(self, read: Callable[[], dict[str, float]]) -> None:
+        """Spool bytes, batches, points and bound, read at scrape time."""
+        self.registry.register(_FlatGaugeCollector("sloguard_influx_spool", read))
+
+
+class _FlatGaugeCollector(Collector):
+    """One gauge per key: `{prefix}_{key}`."""
+
+    def __init__(self, prefix: str, read: Callable[[], dict[str, float]]) -> None:
+        self.prefix, self.read = prefix, read
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        for key, value in self.read().items():
+            family = GaugeMetricFamily(f"{self.prefix}_{key}", f"InfluxDB spool: {key}")
+            family.add_metric([], value)
+            yield family
 
 
 class _CallbackCollector(Collector):

@@ -95,6 +95,19 @@ class RealCgroups:
         proc.stdin.close()
         return proc
 
+    def prioritise(self, rel: str) -> None:
+        """Give `rel` and its parents under the prefix the highest CPU weight, so that a test's
+        busy loop gets its core even while other work loads the machine (the CI machine may be
+        shared). cgroup v1 `cpu.shares`, or v2 `cpu.weight` where the controller is enabled."""
+        parts = rel.split("/")
+        for depth in range(1, len(parts) + 1):
+            path = "/".join(parts[:depth])
+            for root in self.hierarchies():
+                for name, value in (("cpu.shares", "262144"), ("cpu.weight", "10000")):
+                    target = root / path / name
+                    if target.exists():
+                        target.write_text(value)
+
     def move(self, pid: int, rel: str) -> None:
         for root in self.hierarchies():
             (root / rel / "cgroup.procs").write_text(str(pid))
@@ -214,3 +227,62 @@ def sloguard_bin() -> str:
     path = shutil.which("sloguard", path=str(Path(sys.executable).parent))
     assert path, "the sloguard console script is not installed in this environment"
     return path
+
+
+@pytest.fixture(scope="session")
+def influx_server():
+    """Debian's InfluxDB 1.x on loopback for the session (auth on; see support/influxenv.py)."""
+    from support.influxenv import InfluxServer, missing_message
+
+    missing = missing_message("influxd", "influxdb")
+    need(not missing, missing)
+    with InfluxServer() as server:
+        yield server
+
+
+@pytest.fixture
+def influx_db(influx_server) -> str:
+    """A fresh database on the session's InfluxDB server."""
+    return influx_server.create_database()
+
+
+@pytest.fixture
+def own_influx_server():
+    """An InfluxDB server of this test's own, which the test may stop and start."""
+    from support.influxenv import InfluxServer, missing_message
+
+    missing = missing_message("influxd", "influxdb")
+    need(not missing, missing)
+    with InfluxServer() as server:
+        yield server
+
+
+@pytest.fixture
+def make_influx_server():
+    """Starts InfluxDB servers with options of the test's own (e.g. max_body_size)."""
+    from support.influxenv import InfluxServer, missing_message
+
+    missing = missing_message("influxd", "influxdb")
+    need(not missing, missing)
+    servers = []
+
+    def make(**options):
+        server = InfluxServer(**options)
+        servers.append(server)
+        server.start()
+        return server
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def victoria_server():
+    """Debian's VictoriaMetrics (NOT InfluxDB: it accepts line protocol on /api/v2/write)."""
+    from support.influxenv import VictoriaMetricsServer, missing_message
+
+    missing = missing_message("victoria-metrics", "victoria-metrics")
+    need(not missing, missing)
+    with VictoriaMetricsServer() as server:
+        yield server
