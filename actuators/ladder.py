@@ -138,6 +138,13 @@ class Ladder:
                 # rung's `after` still runs from the first attempt
                 self._apply(policy, rungs[row.rung], driver, now_ns, row.attempts + 1,
                             "retry after a failure", first_ns=row.applied_ns)
+        for row in rows:  # shadow-mode rungs whose step has since been switched to act
+            if row.status == PROPOSED and row.rung < len(rungs) and not (
+                    self.dry_run or rungs[row.rung].spec.dry_run) and (
+                    fresh or rungs[row.rung].spec.step in SAFE_WHEN_STALE):
+                self._apply(policy, rungs[row.rung], driver, now_ns, 1,
+                            "dry-run was switched off while this rung was proposed: taking it",
+                            first_ns=row.applied_ns)
         if rows:
             last = rows[-1]
             repeat = rungs[last.rung].spec.repeat if last.rung < len(rungs) else None

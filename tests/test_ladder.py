@@ -305,6 +305,23 @@ def test_dry_run_records_proposals_and_touches_nothing(tmp_path):
     assert h.ledger.lever_stats() == {}  # shadow mode teaches nothing about what works
 
 
+def test_rungs_proposed_in_shadow_mode_are_taken_once_dry_run_is_switched_off(tmp_path):
+    h = Harness(tmp_path, dry_run=True)
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    h.tick(10, [incident])
+    assert CALLS == [("apply", "first", True), ("apply", "second", True)]
+    h.dry_run = False
+    h.open()  # the operator turned dry-run off and restarted the agent mid-episode
+    h.tick(11, [incident])
+    assert CALLS[2:] == [("apply", "first", False), ("apply", "second", False)]
+    assert {r.status for r in h.ledger.rungs()} == {DONE}
+    h.tick(12, [incident])
+    assert len(CALLS) == 4  # taken once, not on every tick
+    h.tick(15, [incident])  # and the climb goes on from there, for real
+    assert CALLS[-1] == ("apply", "cpu_idle", False)
+
+
 def test_per_step_dry_run(tmp_path):
     h = Harness(tmp_path, POLICY.replace("params: {name: second}",
                                          "params: {name: second}\n        dry_run: true"))
