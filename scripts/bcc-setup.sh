@@ -22,6 +22,10 @@
 #      interpreter imports it without seeing the rest of dist-packages.
 #   5. As root, compiles and loads a one-tracepoint program to prove the whole chain works.
 #
+# SLOGUARD_BCC_IMAGE_BUILD=1 does steps 1 (without linux-perf), 2 and 4 only: for `docker build`
+# (deploy/Dockerfile), where there is no tracefs to mount and no privilege to load a program;
+# the node's tracefs is mounted into the agent's pod instead.
+#
 # Works without a terminal (CI). apt-get and mount need root (or passwordless sudo); without
 # them the script says what is missing and exits non-zero, and sloguard's eBPF collector
 # reports itself unavailable and falls back to procfs.
@@ -31,6 +35,9 @@ VENV="${1:-.venv}"
 KERNEL_TREE="${SLOGUARD_BCC_KERNEL:-/var/cache/sloguard/bcc-kernel}"
 TREE_FORMAT="2"  # bump when the tree's content changes, to rebuild cached trees
 PACKAGES=(python3-bpfcc libbpfcc linux-libc-dev linux-perf)
+if [[ "${SLOGUARD_BCC_IMAGE_BUILD:-0}" == "1" ]]; then
+    PACKAGES=(python3-bpfcc libbpfcc linux-libc-dev)  # no benchmarks in the image
+fi
 DIST_BCC="/usr/lib/python3/dist-packages/bcc"
 TRACEFS="/sys/kernel/tracing"
 
@@ -212,9 +219,14 @@ main() {
     else
         build_tree
     fi
-    ensure_tracefs
-    link_into_venv
-    check_compile
+    if [[ "${SLOGUARD_BCC_IMAGE_BUILD:-0}" == "1" ]]; then
+        link_into_venv
+        log "image build: skipped tracefs and the load check (the pod mounts the node's tracefs)"
+    else
+        ensure_tracefs
+        link_into_venv
+        check_compile
+    fi
     log "done in $(($(date +%s) - start)) s"
     echo "bcc ready: BCC_KERNEL_SOURCE=${KERNEL_TREE}"
 }

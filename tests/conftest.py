@@ -170,12 +170,22 @@ class KubeAgent:
         return self.env.audit_events(self.user)
 
 
+# What deploy/base grants: the namespace, the agent's identity and its RBAC. The base's other
+# objects (the DaemonSet, its generated ConfigMaps) are tests/test_deploy.py's business: the
+# session applies only these to the test apiserver (a DaemonSet there would put pods on the
+# tests' nodes).
+ACCESS_KINDS = frozenset({"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+                          "Role", "RoleBinding"})
+
+
 def deploy_objects(base: Path = DEPLOY_BASE) -> list[dict[str, Any]]:
-    """The objects of a kustomization's `resources` files, in order."""
+    """The namespace and access objects (ACCESS_KINDS) of a kustomization's `resources` files,
+    in order."""
     kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
     objects = []
     for name in kustomization["resources"]:
-        objects.extend(d for d in yaml.safe_load_all((base / name).read_text()) if d)
+        objects.extend(d for d in yaml.safe_load_all((base / name).read_text())
+                       if d and d["kind"] in ACCESS_KINDS)
     return objects
 
 

@@ -1,0 +1,335 @@
+"""deploy/: the kustomizations render with kubectl 1.20's built-in kustomize, the test setup's
+real kube-apiserver accepts what they render (server-side dry run), the agent's own config
+loader accepts the generated configuration, the RBAC stays exactly deploy/base/rbac.yaml's,
+and the Dockerfile says what deploy/README.md says it does (built here only when a Docker
+daemon answers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import ACCESS_KINDS, KubeAgent, need
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+BASE = DEPLOY / "base"
+OVERLAYS = sorted(p.name for p in (DEPLOY / "overlays").iterdir() if p.is_dir())
+KUSTOMIZATIONS = ["base", *(f"overlays/{name}" for name in OVERLAYS)]
+DOCKERFILE = DEPLOY / "Dockerfile"
+ENTRYPOINT = ["sloguard", "run", "--config", "/etc/sloguard/config.yaml"]
+
+
+def kubectl_binary() -> str:
+    """The cached Debian kubectl 1.20 of the kube fixture (rendering needs no apiserver)."""
+    from support.kubeenv import cache_bin_dir
+
+    path = cache_bin_dir() / "kubectl"
+    need(path.exists(), "the cached kubectl is missing (bash scripts/kube-testenv.sh)")
+    return str(path)
+
+
+_rendered: dict[str, str] = {}
+
+
+def render_text(name: str) -> str:
+    if name not in _rendered:
+        done = subprocess.run([kubectl_binary(), "kustomize", str(DEPLOY / name)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"kubectl kustomize deploy/{name}: {done.stderr}"
+        _rendered[name] = done.stdout
+    return _rendered[name]
+
+
+def render(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(render_text(name)) if d]
+
+
+def one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind
+             and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, f"{len(found)} {kind} {name or ''} in {[o['kind'] for o in objects]}"
+    return found[0]
+
+
+def agent_container(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    spec = one(objects, "DaemonSet", "sloguard-agent")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    return spec, container
+
+
+def volume(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(v for v in spec["volumes"] if v["name"] == name)
+
+
+def mount(container: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(m for m in container["volumeMounts"] if m["name"] == name)
+
+
+# -- rendering -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_renders_with_kubectl_1_20s_kustomize(name: str):
+    objects = render(name)
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == sorted(["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+                            "Role", "RoleBinding", "DaemonSet", "ConfigMap", "ConfigMap",
+                            "ConfigMap"]), kinds
+    assert not [o for o in objects if o["kind"] == "Secret"], "no secrets in git"
+    spec, container = agent_container(objects)
+    # Every generated ConfigMap the DaemonSet names is in the output, by its hashed name.
+    configmaps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+    for vol in ("config", "rules", "policies"):
+        ref = volume(spec, vol)["configMap"]["name"]
+        assert ref in configmaps and re.fullmatch(r"sloguard-\w+-[a-z0-9]{10}", ref), ref
+        assert configmaps[ref]["metadata"]["namespace"] == "sloguard"
+    assert spec["hostPID"] is True and spec["hostNetwork"] is True
+    assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert spec["serviceAccountName"] == "sloguard-agent"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["SLOGUARD_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert mount(container, "config")["mountPath"] == ENTRYPOINT[-1]
+    hostpaths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert {"/sys/fs/cgroup", "/sys/kernel/tracing", "/var/lib/sloguard"} <= hostpaths
+    assert mount(container, "tracefs")["readOnly"] is True
+    assert not mount(container, "cgroup").get("readOnly"), "the levers write BE cgroups"
+    # Secrets are referenced, never generated: the UI token is required, the others optional.
+    assert "optional" not in volume(spec, "ui-token")["secret"]
+    assert volume(spec, "slack")["secret"]["optional"] is True
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_the_rbac_rendered_is_exactly_rbac_yaml(name: str):
+    shipped = [d for d in yaml.safe_load_all((BASE / "rbac.yaml").read_text()) if d]
+    rendered = [o for o in render(name) if o["kind"] in ACCESS_KINDS - {"Namespace"}]
+
+    def key(obj: dict[str, Any]) -> tuple[str, str, str]:
+        return obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
+
+    assert sorted(rendered, key=key) == sorted(shipped, key=key)
+
+
+def test_overlays_change_only_what_they_are_for():
+    _, base = agent_container(render("base"))
+    assert base["securityContext"] == {"privileged": True, "runAsUser": 0}
+    _, caps = agent_container(render("overlays/capabilities"))
+    assert caps["securityContext"]["privileged"] is False
+    assert sorted(caps["securityContext"]["capabilities"]["add"]) == [
+        "BPF", "PERFMON", "SYS_ADMIN", "SYS_RESOURCE"]
+    assert caps["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    spec, resctrl = agent_container(render("overlays/resctrl"))
+    assert mount(resctrl, "resctrl")["mountPath"] == "/sys/fs/resctrl"
+    assert volume(spec, "resctrl")["hostPath"] == {"path": "/sys/fs/resctrl", "type": "Directory"}
+    _, influx = agent_container(render("overlays/influxdb"))
+    env = {e["name"]: e for e in influx["env"]}
+    assert env["SLOGUARD_STORE__KIND"]["value"] == "influxdb"
+    assert env["SLOGUARD_STORE__PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == \
+        "sloguard-influxdb"
+    assert "SLOGUARD_NODE_NAME" in env  # the base's env is kept, not replaced
+
+
+def test_the_shipped_rules_and_policies_are_the_repositorys():
+    """deploy/base/rules and policies are copies (kustomize loads no file outside its
+    directory); they must not drift from rules/."""
+    for copy, original in ((BASE / "rules", ROOT / "rules"),
+                           (BASE / "policies", ROOT / "rules" / "policies")):
+        want = {p.name: p.read_bytes() for p in original.glob("*.yaml")}
+        have = {p.name: p.read_bytes() for p in copy.glob("*.yaml")}
+        assert have == want, f"cp {original.relative_to(ROOT)}/*.yaml {copy.relative_to(ROOT)}/"
+    objects = render("base")
+    spec, _ = agent_container(objects)
+    for vol, original in (("rules", ROOT / "rules"), ("policies", ROOT / "rules" / "policies")):
+        data = one(objects, "ConfigMap", volume(spec, vol)["configMap"]["name"])["data"]
+        assert data == {p.name: p.read_text() for p in original.glob("*.yaml")}
+
+
+# -- the agent's own loader ------------------------------------------------------------------
+
+def materialise(name: str, tmp_path: Path) -> tuple[dict[str, str], dict[str, Path]]:
+    """The DaemonSet's environment (fieldRef and Secret values made up) and its ConfigMaps
+    written out as the kubelet would mount them, by volume name."""
+    objects = render(name)
+    spec, container = agent_container(objects)
+    env = {}
+    for var in container["env"]:
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        elif "fieldRef" in var["valueFrom"]:
+            env[var["name"]] = "node-under-test"
+        else:
+            env[var["name"]] = "not-a-real-secret"
+    dirs = {}
+    for vol in ("config", "rules", "policies"):
+        configmap = one(objects, "ConfigMap", volume(spec, vol)["configMap"]["name"])
+        dirs[vol] = tmp_path / vol
+        dirs[vol].mkdir()
+        for key, value in configmap["data"].items():
+            (dirs[vol] / key).write_text(value)
+    return env, dirs
+
+
+def sloguard(args: list[str], env: dict[str, str], cwd: Path,
+             sloguard_bin: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SLOGUARD_")}
+    return subprocess.run([sloguard_bin, *args], env={**clean, **env}, cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_the_generated_configuration_loads(name: str, tmp_path: Path, sloguard_bin: str):
+    env, dirs = materialise(name, tmp_path)
+    _, container = agent_container(render(name))
+    done = sloguard(["config", "show", "--json", "--config", str(dirs["config"] / "config.yaml")],
+                    env, tmp_path, sloguard_bin)
+    assert done.returncode == 0, done.stderr
+    config = {row["key"]: row["value"] for row in json.loads(done.stdout)}
+    assert config["node_name"] == "node-under-test"
+    assert config["data_dir"] == mount(container, "data")["mountPath"]
+    assert config["rules.paths"] == [mount(container, "rules")["mountPath"]]
+    assert config["actuators.policies"] == [mount(container, "policies")["mountPath"]]
+    assert config["ui.token_file"] == mount(container, "ui-token")["mountPath"] + "/token"
+    assert config["actuators.dry_run"] is True
+    assert config["kubernetes.enabled"] is True
+    port = int(config["listen"].rpartition(":")[2])
+    assert [p["containerPort"] for p in container["ports"]] == [port]
+    assert config["store.kind"] == ("influxdb" if name == "overlays/influxdb" else "embedded")
+    if name == "overlays/influxdb":
+        assert "not-a-real-secret" not in done.stdout  # the password is masked
+    for command, vol in (("rules", "rules"), ("policies", "policies")):
+        done = sloguard([command, "check", str(dirs[vol])], env, tmp_path, sloguard_bin)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "ok" in done.stdout
+
+
+def test_listening_beyond_loopback_without_the_token_is_refused(tmp_path: Path,
+                                                                sloguard_bin: str):
+    """Why the ui-token Secret is required: without ui.token_file the agent would not start."""
+    env, dirs = materialise("base", tmp_path)
+    config = yaml.safe_load((dirs["config"] / "config.yaml").read_text())
+    del config["ui"]
+    (tmp_path / "no-token.yaml").write_text(yaml.safe_dump(config))
+    done = sloguard(["config", "show", "--config", str(tmp_path / "no-token.yaml")], env,
+                    tmp_path, sloguard_bin)
+    assert done.returncode == 2
+    assert "ui.token" in done.stderr
+
+
+# -- the real apiserver ----------------------------------------------------------------------
+
+@pytest.mark.kube
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_the_apiserver_accepts_the_manifests(name: str, kube, kube_agent: KubeAgent):
+    """Server-side dry run with the admin kubeconfig: schema, defaulting and admission of the
+    real kube-apiserver 1.20, nothing stored. kube_agent has applied the namespace and RBAC
+    (objects in a namespace that does not exist would be refused by admission)."""
+    kubectl = kube.kubectl_path
+    need(kubectl is not None, "the cached kubectl is missing (bash scripts/kube-testenv.sh)")
+    done = subprocess.run(
+        [kubectl, "--kubeconfig", kube.kubeconfig_path(), "apply", "--dry-run=server", "-f", "-"],
+        input=render_text(name), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert len(lines) == len(render(name)), done.stdout
+    assert all(line.endswith("(server dry run)") for line in lines), done.stdout
+    assert "daemonset.apps/sloguard-agent" in done.stdout
+    # A dry run stores nothing: no agent pods for the tests' nodes.
+    from kubernetes import client
+
+    apps = client.AppsV1Api(kube.api_client())
+    assert not apps.list_namespaced_daemon_set("sloguard").items
+
+
+# -- the image -------------------------------------------------------------------------------
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_the_dockerfile_is_multi_stage_on_bookworm_and_runs_the_agent():
+    steps = dockerfile_instructions()
+    froms = [rest for word, rest in steps if word == "FROM"]
+    assert froms == ["debian:bookworm-slim AS build", "debian:bookworm-slim AS runtime"]
+    runtime = steps[[i for i, (w, _) in enumerate(steps) if w == "FROM"][-1]:]
+    entry = [rest for word, rest in runtime if word == "ENTRYPOINT"]
+    assert [json.loads(e) for e in entry] == [ENTRYPOINT]
+    runs = " ".join(rest for word, rest in runtime if word == "RUN")
+    for package in ("python3-bpfcc", "libbpfcc", "linux-libc-dev"):
+        assert re.search(rf"\b{package}\b", runs), package
+    assert "SLOGUARD_BCC_IMAGE_BUILD=1 bash /usr/local/lib/sloguard/bcc-setup.sh" in runs
+    env = " ".join(rest for word, rest in runtime if word == "ENV")
+    assert "BCC_KERNEL_SOURCE=/var/cache/sloguard/bcc-kernel" in env
+    assert "COPY --from=build /opt/sloguard /opt/sloguard" in [
+        f"{w} {r}" for w, r in runtime]
+    # Every file copied from the context exists, and .dockerignore does not hide it.
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    for word, rest in steps:
+        if word == "COPY" and not rest.startswith("--from"):
+            source = shlex.split(rest)[0]
+            assert (ROOT / source).exists(), source
+            assert source.split("/")[0] not in ignored, source
+    # The port the DaemonSet probes is the one the image exposes.
+    _, container = agent_container(render("base"))
+    assert [f"{p['containerPort']}" for p in container["ports"]] == [
+        rest for word, rest in runtime if word == "EXPOSE"]
+
+
+def test_every_dependency_is_pinned_in_the_lock():
+    pins = {}
+    for line in (DEPLOY / "requirements.lock").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", line
+            pins[req.name.lower().replace("_", "-")] = spec.version
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for dependency in project["dependencies"]:
+        req = Requirement(dependency)
+        name = req.name.lower().replace("_", "-")
+        assert name in pins, f"{name} is not pinned in deploy/requirements.lock"
+        assert req.specifier.contains(pins[name]), f"{name}=={pins[name]} is not {req}"
+
+
+def docker_daemon() -> str | None:
+    """Why no image can be built here, or None when a Docker daemon answers."""
+    try:
+        done = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"],
+                              capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        return "no docker binary"
+    if done.returncode != 0:
+        return f"no Docker daemon reachable ({done.stderr.strip().splitlines()[-1:]})"
+    return None
+
+
+def test_the_image_builds_and_starts_the_cli():
+    """Only where a Docker daemon answers (none on the lab machine: the image is not built by
+    `make test`, which is said here rather than faked)."""
+    reason = docker_daemon()
+    if reason:
+        pytest.skip(f"image not built: {reason}")
+    tag = "sloguard:test-deploy"
+    build = subprocess.run(["docker", "build", "-f", str(DOCKERFILE), "-t", tag, str(ROOT)],
+                           capture_output=True, text=True, timeout=1800)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    version = subprocess.run(["docker", "run", "--rm", "--entrypoint", "sloguard", tag,
+                              "version"], capture_output=True, text=True, timeout=120)
+    assert version.returncode == 0, version.stderr
