@@ -39,6 +39,8 @@ class Verdict:
     alert stays firing and a pending one is cancelled: the hysteresis band. `threshold` is the
     bound shown as evidence next to the value; `note` says why, in a few words. `score`, when
     a detector has one, grades how anomalous the value is (used by `sloguard score nab`).
+    `change_ns`, from a change-point detector, says when the change began: the incident page
+    marks it on the chart.
     """
 
     crossed: bool
@@ -46,6 +48,7 @@ class Verdict:
     threshold: float | None = None
     note: str = ""
     score: float | None = None  # optional anomaly score in [0, 1], for benchmarks and charts
+    change_ns: int | None = None  # when the level changed (change-point detectors): charted
 
 
 @dataclass(frozen=True, slots=True)

@@ -330,7 +330,7 @@ class Engine:
                 del self._history[key]  # nothing to count: the same as no history at all
             if verdict.crossed:
                 incident = self._open(rule, series, shown, verdict.threshold, now_ns,
-                                      verdict.note)
+                                      verdict.note, verdict.change_ns)
                 state = self.states[key] = AlertState(incident)
                 self._maybe_fire(rule, state, shown, now_ns, history)
             return
@@ -339,7 +339,8 @@ class Engine:
             # Pending needs the condition to hold throughout `for`; with `for_evaluations`, it
             # lives as long as any of the last M evaluations crossed.
             if verdict.crossed or (history is not None and any(history)):
-                incident.add_evidence(Evidence(now_ns, shown, verdict.threshold, verdict.note))
+                incident.add_evidence(Evidence(now_ns, shown, verdict.threshold, verdict.note,
+                                               verdict.change_ns))
                 self._maybe_fire(rule, state, shown, now_ns, history)
             else:
                 del self.states[key]
@@ -348,7 +349,8 @@ class Engine:
             return
         if not verdict.recovered:  # firing, or back above the recover bound: hold restarts
             state.recover_since_ns = None
-            incident.add_evidence(Evidence(now_ns, shown, verdict.threshold, verdict.note))
+            incident.add_evidence(Evidence(now_ns, shown, verdict.threshold, verdict.note,
+                                           verdict.change_ns))
             incident.updated_ns = now_ns
             self._save(incident)
             return
@@ -362,7 +364,7 @@ class Engine:
 
     def _open(
         self, rule: LoadedRule, series: SeriesKey, value: float | None,
-        threshold: float | None, now_ns: int, note: str = "",
+        threshold: float | None, now_ns: int, note: str = "", change_ns: int | None = None,
     ) -> Incident:
         spec, tags = rule.spec, dict(series)
         incident = Incident(
@@ -383,7 +385,7 @@ class Engine:
                     "expr": spec.expr, "aggregate": spec.aggregate,
                     "window": f"{spec.window:g}s"},
             evidence=[Evidence(now_ns, value, threshold,
-                               f"crossed: {note}" if note else "crossed")],
+                               f"crossed: {note}" if note else "crossed", change_ns)],
         )
         _annotate(incident, rule, value, threshold)
         return incident

@@ -62,6 +62,7 @@ class ChangePoint:
         self.points: deque[tuple[int, float]] = deque(maxlen=self.window)
         self.before: float | None = None  # the level before the change that fired
         self.shift = 0.0
+        self.changed_ns: int | None = None  # when that change began
 
     def update(self, value: float, time_ns: int) -> Verdict:
         if math.isnan(value):
@@ -95,10 +96,11 @@ class ChangePoint:
         fresh = len(run) <= self.recent + self.min_size
         if not (big_enough and fresh):
             return Verdict(False, True, before + math.copysign(self.min_shift, shift))
-        self.before, self.shift = before, shift
+        self.before, self.shift, self.changed_ns = before, shift, self.points[start][0]
         at = datetime.fromtimestamp(self.points[start][0] / 1e9, UTC).strftime("%H:%M:%S")
         return Verdict(True, False, before, f"changed at {at} by {shift:+.3g} "
-                                              f"({before:.3g} -> {after:.3g})")
+                                              f"({before:.3g} -> {after:.3g})",
+                       change_ns=self.changed_ns)
 
     def last_change(self) -> tuple[int, float, float] | None:
         """(index, mean before, mean after) of the most recent change point in the window."""
@@ -122,7 +124,8 @@ class ChangePoint:
         if not still:
             self.before = None
             return Verdict(False, True, None, "back to the level before the change")
-        return Verdict(True, False, self.before, f"{moved:+.3g} from the level before")
+        return Verdict(True, False, self.before, f"{moved:+.3g} from the level before",
+                       change_ns=self.changed_ns)
 
 
 def penalty(x: Any, factor: float) -> float:

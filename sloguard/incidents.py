@@ -34,6 +34,7 @@ class Evidence:
     value: float | None
     threshold: float | None
     note: str = ""
+    change_ns: int | None = None  # when the level changed, if the detector knows
 
 
 @dataclass(slots=True)

@@ -30,6 +30,8 @@ def test_a_level_shift_fires_quickly_names_its_size_and_recovers():
     assert float(note.split("by ")[1].split()[0]) == pytest.approx(20, abs=1)
     assert shifted[first].threshold == pytest.approx(10, abs=0.5)  # the level before
     assert all(v.crossed for v in shifted[first:])  # holds while the level stays up
+    # when it began, for the incident chart: the first point of the new level, while it holds
+    assert {v.change_ns for v in shifted[first:]} == {100 * S}
     back = _feed(detector, [10 + rng.gauss(0, 0.5) for _ in range(20)], start=140)
     recovered = next(i for i, v in enumerate(back) if v.recovered)
     assert recovered < 5 and not back[recovered].crossed

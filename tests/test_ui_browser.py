@@ -131,3 +131,35 @@ def test_filters_live_updates_and_the_other_pages(served):
         assert "store:embedded" in components and "actuators" in components
         page.screenshot(path=str(ARTIFACTS / "node.png"), full_page=True)
         browser.close()
+
+
+def test_a_change_point_is_marked_on_the_incident_chart(tmp_path):
+    """A change-point rule's incident carries when the level changed; the chart marks it."""
+    import httpx
+    from support.uiserver import feed
+
+    rules = """\
+groups:
+  - name: shift
+    rules:
+      - alert: LevelShift
+        expr: lat{class="LS"}
+        field: p99
+        aggregate: last
+        window: 2s
+        detector: changepoint
+        params: {window: 120, min_relative: 0.5}
+"""
+    with served_agent(tmp_path, history=False) as (agent, url):
+        (tmp_path / "rules" / "r.yaml").write_text(rules)
+        import os
+
+        os.utime(tmp_path / "rules" / "r.yaml", (1, 1))
+        agent._reload_rules()
+        agent.engine.sync_windows(None, time.time_ns())
+        start = time.time_ns() - 200 * S
+        feed(agent, "web-3", [10.0 + (i % 3) * 0.3 for i in range(100)]
+             + [30.0 + (i % 3) * 0.3 for i in range(30)], start)
+        [incident] = agent.incidents.query(rule="LevelShift")
+        body = httpx.get(f"{url}/api/incidents/{incident.id}/series", timeout=10).json()
+        assert body["changes"] == [(start + 100 * S) / 1e9]  # the first point of the new level

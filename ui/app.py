@@ -343,6 +343,7 @@ def incident_chart(store: Any, incident: Any, now_ns: int) -> dict[str, Any]:
         "fired": incident.fired_ns / 1e9 if incident.fired_ns else None,
         "resolved": incident.resolved_ns / 1e9 if incident.resolved_ns else None,
         "actions": marks, "error": error,
+        "changes": sorted({e.change_ns / 1e9 for e in incident.evidence if e.change_ns}),
     }
 
 

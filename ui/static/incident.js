@@ -25,6 +25,17 @@
           const ctx = u.ctx;
           ctx.save();
           ctx.font = `${Math.round(11 * devicePixelRatio)}px system-ui, sans-serif`;
+          (data.changes || []).forEach((t) => {  // where a change-point detector saw the shift
+            const x = u.valToPos(t, "x", true);
+            ctx.strokeStyle = "#8250df";
+            ctx.setLineDash([2, 3]);
+            ctx.beginPath();
+            ctx.moveTo(x, u.bbox.top);
+            ctx.lineTo(x, u.bbox.top + u.bbox.height);
+            ctx.stroke();
+            ctx.fillStyle = "#8250df";
+            ctx.fillText("change point", x + 4, u.bbox.top + u.bbox.height - 6 * devicePixelRatio);
+          });
           data.actions.forEach((a, n) => {
             const x = u.valToPos(a.t, "x", true);
             ctx.strokeStyle = a.dry_run ? "#8c95a3" : "#1d2330";
