@@ -132,6 +132,9 @@ def test_agent_detects_and_resolves_and_survives_restart(tmp_path, real_cgroups,
         assert "sloguard_samples_written_total" in metrics
         page = agent.get("/")
         assert page.status_code == 200 and "LSBusy" in page.text
+        # the node page shows what the busy LS cgroup uses right now
+        row = re.search(r"<tr><td>LS</td><td>svc</td>.*?</tr>", agent.get("/node").text, re.S)
+        assert row and float(re.findall(r"<td>([0-9.]+)</td>", row.group(0))[0]) > 0.3, row
 
         assert agent.terminate() == 0  # SIGTERM: flush and exit cleanly
         assert "agent stopped" in log.read_text()

@@ -70,6 +70,45 @@ def add_pages(app: FastAPI, agent: Any, templates: Any) -> None:
         workloads = agent.cgroups.workloads() if agent.cgroups is not None else []
         workloads.sort(key=lambda w: (w.get("class", ""), w.get("pod") or w.get("workload", "")))
         app_latency = getattr(agent, "app_latency", None)
+        now = latest_signals(agent.store, time.time_ns())
+        for w in workloads:
+            w.update({f"now_{k}": v for k, v in now.get(w.get("cgroup", ""), {}).items()})
         return render(request, "node.html", "node", components=agent.components(),
                       workloads=workloads,
                       targets=app_latency.target_status() if app_latency is not None else [])
+
+
+# what the node page shows for each workload now: (measurement, field, extra tag) -> column
+NOW_SIGNALS = (
+    ("container_cpu", "usage_cores", None, "cpu"),
+    ("container_cpu", "throttled_ratio", None, "throttled"),
+    ("container_memory", "working_set_bytes", None, "memory"),
+    ("container_pressure", "some_rate", ("resource", "cpu"), "cpu_psi"),
+    ("container_pressure", "some_rate", ("resource", "memory"), "memory_psi"),
+)
+
+
+def latest_signals(store: Any, now_ns: int, window_s: int = 15) -> dict[str, dict[str, float]]:
+    """cgroup -> the latest value of each NOW_SIGNALS column within the last seconds: what an
+    SRE looks at first on a node page (is LS starved, is BE busy). Best effort: a store that
+    cannot be read shows no values, not an error page."""
+    from sloguard.store import WindowQuery
+
+    out: dict[str, dict[str, float]] = {}
+    for measurement in {m for m, _, _, _ in NOW_SIGNALS}:
+        try:
+            samples = store.read_samples(WindowQuery(measurement, now_ns - window_s * 10**9,
+                                                     now_ns + 1))
+        except Exception:
+            continue
+        for sample in sorted(samples, key=lambda s: s.time_ns):
+            cgroup = sample.tags.get("cgroup")
+            if not cgroup:
+                continue
+            for m, field, tag, column in NOW_SIGNALS:
+                if m != measurement or field not in sample.fields:
+                    continue
+                if tag is not None and sample.tags.get(tag[0]) != tag[1]:
+                    continue
+                out.setdefault(cgroup, {})[column] = sample.fields[field]
+    return out
