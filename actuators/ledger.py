@@ -124,6 +124,11 @@ class Ledger:
             if "last_ns" not in columns:  # a ledger from before repeats were timed apart
                 self._conn.execute("ALTER TABLE rungs ADD COLUMN last_ns INTEGER NOT NULL "
                                    "DEFAULT 0")
+            columns = {row[1] for row in self._conn.execute("PRAGMA table_info(audit)")}
+            if "source_id" not in columns:  # a cluster server's copy: the id on its node
+                self._conn.execute("ALTER TABLE audit ADD COLUMN source_id INTEGER")
+            self._conn.execute("CREATE UNIQUE INDEX IF NOT EXISTS audit_by_source "
+                               "ON audit (node, source_id)")
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"{self.path}: cannot open the actuator ledger: {exc}") from exc
 
@@ -193,6 +198,34 @@ class Ledger:
                 (entry.time_ns, entry.node, entry.incident, entry.policy, entry.rung, entry.kind,
                  entry.action, int(entry.dry_run), entry.status, entry.target, entry.detail,
                  entry.reason))
+
+    def audit_after(self, after_id: int, limit: int = 100) -> list[AuditEntry]:
+        """Entries recorded after id `after_id`, oldest first (what a forwarder sends)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT time_ns, node, incident, policy, rung, kind, action, dry_run, status, "
+                "target, detail, reason, id FROM audit WHERE id > ? ORDER BY id LIMIT ?",
+                (after_id, limit)).fetchall()
+        return [AuditEntry(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8], r[9],
+                           r[10], r[11], r[12]) for r in rows]
+
+    def count_after(self, after_id: int) -> int:
+        with self._lock:
+            return int(self._conn.execute(
+                "SELECT count(*) FROM audit WHERE id > ?", (after_id,)).fetchone()[0])
+
+    def import_audit(self, entry: AuditEntry, source_id: int) -> bool:
+        """Keep an entry another node recorded as its `source_id`, once: False when it is
+        already here (a resend)."""
+        with self._lock:
+            cursor = self._conn.execute(
+                "INSERT OR IGNORE INTO audit (time_ns, node, incident, policy, rung, kind, "
+                "action, dry_run, status, target, detail, reason, source_id) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (entry.time_ns, entry.node, entry.incident, entry.policy, entry.rung, entry.kind,
+                 entry.action, int(entry.dry_run), entry.status, entry.target, entry.detail,
+                 entry.reason, source_id))
+            return cursor.rowcount == 1
 
     def audit_log(self, since_ns: int = 0, kind: str | None = None, incident: str | None = None,
                   limit: int = 500) -> list[AuditEntry]:

@@ -106,6 +106,7 @@ class Agent:
         self._calls: queue.SimpleQueue[tuple[Any, Future]] = queue.SimpleQueue()
         self.alerting = self._build_alerting(data_dir)
         self.silences = self.alerting.silences
+        self.forwarder = self._build_forwarder(data_dir)
         self._buffer: deque[Sample] = deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -178,6 +179,28 @@ class Agent:
             self.actuator_env.notifier = alerting
         return alerting
 
+    def _build_forwarder(self, data_dir: Any) -> Any:
+        """Incidents and actions to the cluster server, when `forward.url` is set."""
+        cfg = self.settings.forward
+        if not cfg.url:
+            return None
+        from prometheus_client import Counter
+
+        from sloguard.forwarder import Forwarder
+
+        sent = Counter("sloguard_forward_sent_total",
+                       "Incidents (changes) and audit entries the cluster server accepted",
+                       ["kind"], registry=self.registry)
+        forwarder = Forwarder(cfg, self.node, self.incidents, self.ledger, data_dir, sent)
+        self.metrics.gauge_callback(
+            "sloguard_forward_backlog", "Incidents (changes) and audit entries not yet sent",
+            "kind", forwarder.backlog)
+        self.metrics.gauge_callback(
+            "sloguard_forward_last_success_seconds",
+            "When the cluster server last took everything (Unix time; 0: never)", "",
+            lambda: {"": forwarder.last_success_ns / 1e9})
+        return forwarder
+
     def _start_kubernetes(self) -> None:
         from sloguard.collectors.kube_pods import PodMetadataCache, load_api_client
 
@@ -204,6 +227,8 @@ class Agent:
         self._thread = threading.Thread(target=self._loop, name="agent-loop", daemon=True)
         self._thread.start()
         self.alerting.start()
+        if self.forwarder is not None:
+            self.forwarder.start()
         log.info("agent started on node %s, tick %.3gs", self.node, self.settings.interval)
 
     def stop(self) -> None:
@@ -222,6 +247,8 @@ class Agent:
         if self._buffer:
             log.error("exiting with %d samples unwritten: %s", len(self._buffer),
                       self._store_error)
+        if self.forwarder is not None:  # what it did not send is sent by the next run
+            self.forwarder.stop()
         self.alerting.stop()  # what is not yet delivered stays in the outbox for the next run
         self.store.close()
         self.incidents.close()
@@ -446,6 +473,8 @@ class Agent:
         ))
         if self.alerting.enabled:
             out.append(self.alerting.status())
+        if self.forwarder is not None:
+            out.append(self.forwarder.status())
         return out
 
     def ready(self) -> bool:

@@ -88,6 +88,45 @@ def run(config: ConfigOpt = None, data_dir: DataDirOpt = None, listen: ListenOpt
         raise typer.Exit(1)
 
 
+@app.command()
+def server(config: ConfigOpt = None, data_dir: DataDirOpt = None,
+           listen: ListenOpt = None) -> None:
+    """Run the cluster view: the same UI for every node, fed by the agents' `forward:`."""
+    loaded = _load(config, data_dir, listen)
+    settings = loaded.settings
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    import uvicorn
+
+    from sloguard.cluster import ClusterServer
+    from sloguard.config import secret_sources
+    from sloguard.store import StoreError
+    from sloguard.ui.app import create_app
+
+    if not secret_sources(settings.server, "ingest_token"):
+        typer.echo("sloguard: configuration error:\nserver.ingest_token: required (or "
+                   "ingest_token_file, ingest_token_env): the token agents send with their "
+                   "incidents; it must differ from ui.token", err=True)
+        raise typer.Exit(2)
+    try:
+        cluster = ClusterServer(settings)
+    except StoreError as exc:
+        typer.echo(f"sloguard: {exc}", err=True)
+        raise typer.Exit(2) from None
+    host, port = settings.listen_host_port
+    logging.getLogger(__name__).info("cluster UI and API on http://%s:%d", host, port)
+    uv = _uvicorn_server()(uvicorn.Config(
+        create_app(cluster), host=host, port=port, log_level=settings.log_level,
+        access_log=False, timeout_graceful_shutdown=10,
+    ))
+    uv.run()
+    if not uv.started:
+        raise typer.Exit(1)
+
+
 def _uvicorn_server() -> type:
     import uvicorn
 

@@ -234,7 +234,7 @@ def _loopback(host: str) -> bool:
 # A secret setting NAME may be given as NAME (inline; masked by `config show`, never echoed in
 # errors), NAME_file (a path, e.g. a mounted Kubernetes Secret, read when it is needed, so a
 # rotated secret is picked up) or NAME_env (the environment variable holding it). Only one.
-SECRET_NAMES = frozenset({"webhook_url", "bot_token", "token"})
+SECRET_NAMES = frozenset({"webhook_url", "bot_token", "token", "ingest_token"})
 
 
 class SecretUnavailable(Exception):
@@ -308,6 +308,56 @@ class UiConfig(_Section):
 
             logging.getLogger(__name__).error("ui token unavailable: %s", exc)
             return None
+
+
+class ForwardConfig(_Section):
+    """Send this node's incidents and actions to a cluster server (`sloguard server`). Off
+    while `url` is unset. The local stores are the buffer: nothing is lost while it is away."""
+
+    url: str | None = Field(None, description="the cluster server, e.g. http://sloguard:8080")
+    token: SecretStr | None = Field(
+        None, description="the server's server.ingest_token (not its ui.token); prefer "
+                          "token_file (a mounted Secret) or token_env")
+    token_file: str | None = None
+    token_env: str | None = None
+    interval: Duration = Field(5.0, gt=0, description="how often to send what changed")
+    batch: int = Field(200, ge=1, le=1000, description="most incidents (and actions) a request")
+    timeout: Duration = Field(10.0, gt=0, description="of one request")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return _http_url(value).rstrip("/") if value else None
+
+    @model_validator(mode="after")
+    def _one_token(self) -> ForwardConfig:
+        sources = secret_sources(self, "token")
+        if len(sources) > 1:
+            raise ValueError("give only one of token, token_file, token_env")
+        if self.url and not sources:
+            raise ValueError("url is set without a token: set token, token_file or token_env "
+                             "(the server's server.ingest_token)")
+        return self
+
+
+class ServerConfig(_Section):
+    """`sloguard server`: the cluster view. Agents authenticate with the ingest token, which is
+    separate from ui.token so that an agent's credential cannot read or change the UI."""
+
+    ingest_token: SecretStr | None = Field(
+        None, description="bearer token agents present on POST /api/v1/ingest")
+    ingest_token_file: str | None = None
+    ingest_token_env: str | None = None
+    max_body: Size = Field(8 * 1024**2, ge=1024, description="largest ingest body accepted")
+    stale_after: Duration = Field(
+        60.0, gt=0, description="a node not heard from for this long is shown as not ok")
+
+    @model_validator(mode="after")
+    def _one_token(self) -> ServerConfig:
+        if len(secret_sources(self, "ingest_token")) > 1:
+            raise ValueError("give only one of ingest_token, ingest_token_file, "
+                             "ingest_token_env")
+        return self
 
 
 def _matchers(items: list[str]) -> list[str]:
@@ -620,6 +670,8 @@ class Settings(BaseSettings):
     slos: Annotated[list[SloConfig], AfterValidator(_unique_slos)] = Field(default_factory=list)
     ui: UiConfig = Field(default_factory=UiConfig)
     alerting: AlertingConfig = Field(default_factory=AlertingConfig)
+    forward: ForwardConfig = Field(default_factory=ForwardConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
 
     @field_validator("listen")
     @classmethod

@@ -99,6 +99,11 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
         app.include_router(receive_router(app_latency, agent.settings.app_latency.receive,
                                           agent.node))
         own_auth = RECEIVE_PATHS
+    ingest_router = getattr(agent, "ingest_router", None)  # the cluster server's
+    if ingest_router is not None:
+        router, paths = ingest_router()
+        app.include_router(router)
+        own_auth = own_auth | paths
 
     @app.middleware("http")
     async def reading_needs_a_login_off_loopback(request: Request, call_next: Any) -> Response:
@@ -266,7 +271,13 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
 
     from sloguard.ui.silences import silences_router
 
-    app.include_router(silences_router(agent, auth))
+    if getattr(agent, "silences", None) is not None:
+        app.include_router(silences_router(agent, auth))
+    else:  # the cluster server: silences mute each node's own alerting
+        @app.get("/silences", response_class=HTMLResponse, include_in_schema=False)
+        def no_silences(request: Request) -> Response:
+            return TEMPLATES.TemplateResponse(request, "no_silences.html", {
+                "node": agent.node, "version": __version__, "page": "silences"})
 
     @app.get("/incidents/{incident_id}", response_class=HTMLResponse, include_in_schema=False)
     def incident_page(request: Request, incident_id: str) -> Response:
@@ -284,6 +295,7 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
             "i": incident, "node": agent.node, "version": __version__, "page": "incidents",
             "audit": list(reversed(audit)), "timeline": timeline,
             "changes": auth._token() is not None,
+            "cluster": getattr(agent, "cluster", False),
             "csrf": auth.csrf(auth.session(request)),
         })
 
@@ -298,6 +310,13 @@ def incident_chart(store: Any, incident: Any, now_ns: int) -> dict[str, Any]:
     from sloguard.store import WindowQuery
 
     signal = incident.signal
+    if store is None:  # the cluster server keeps incidents and actions, not samples
+        return {"x": [], "value": [], "threshold": [], "field": signal.get("field", ""),
+                "expr": signal.get("expr", ""), "started": incident.started_ns / 1e9,
+                "fired": incident.fired_ns / 1e9 if incident.fired_ns else None,
+                "resolved": incident.resolved_ns / 1e9 if incident.resolved_ns else None,
+                "actions": [], "error": f"the cluster server keeps no samples: the chart of "
+                                        f"this series is on node {incident.node}'s agent"}
     start = incident.started_ns - CHART_MARGIN_NS
     end = (incident.resolved_ns or now_ns) + CHART_MARGIN_NS
     points: list[tuple[int, float]] = []

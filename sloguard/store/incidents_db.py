@@ -43,6 +43,11 @@ class IncidentStore:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA busy_timeout=5000")
             self._conn.executescript(_SCHEMA)
+            columns = {row[1] for row in self._conn.execute("PRAGMA table_info(incidents)")}
+            if "seq" not in columns:  # a store from before changes were numbered
+                self._conn.execute("ALTER TABLE incidents ADD COLUMN seq INTEGER NOT NULL "
+                                   "DEFAULT 0")
+            self._conn.execute("CREATE INDEX IF NOT EXISTS incidents_by_seq ON incidents (seq)")
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"{self.path}: cannot open the incident store: {exc}") from exc
 
@@ -52,8 +57,40 @@ class IncidentStore:
             incident.node, incident.started_ns, incident.updated_ns,
             json.dumps(incident.to_dict(), separators=(",", ":")),
         )
+        with self._lock:  # seq numbers every change: what a forwarder's cursor follows
+            self._conn.execute(
+                "INSERT OR REPLACE INTO incidents (id, fingerprint, state, severity, rule, node, "
+                "started_ns, updated_ns, doc, seq) VALUES (?,?,?,?,?,?,?,?,?,"
+                "(SELECT coalesce(max(seq), 0) + 1 FROM incidents))", row)
+
+    def changed_since(self, seq: int, node: str | None = None,
+                      limit: int = 100) -> list[tuple[int, Incident]]:
+        """Incidents saved after change number `seq` (of `node`), oldest change first, each with
+        its change number."""
+        where, params = "seq > ?", [seq]
+        if node is not None:
+            where += " AND node = ?"
+            params.append(node)
         with self._lock:
-            self._conn.execute("INSERT OR REPLACE INTO incidents VALUES (?,?,?,?,?,?,?,?,?)", row)
+            rows = self._conn.execute(
+                f"SELECT seq, doc FROM incidents WHERE {where} ORDER BY seq LIMIT ?",
+                (*params, limit)).fetchall()
+        return [(n, Incident.from_dict(json.loads(doc))) for n, doc in rows]
+
+    def count_changed_since(self, seq: int, node: str | None = None) -> int:
+        where, params = "seq > ?", [seq]
+        if node is not None:
+            where += " AND node = ?"
+            params.append(node)
+        with self._lock:
+            return int(self._conn.execute(
+                f"SELECT count(*) FROM incidents WHERE {where}", params).fetchone()[0])
+
+    def updated_ns_of(self, incident_id: str) -> int | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT updated_ns FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+        return row[0] if row else None
 
     def delete(self, incident_id: str) -> None:
         with self._lock:
