@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -123,6 +124,25 @@ def test_browser_login_acknowledge_and_csrf(tmp_path):
             [session] = [c for c in cookies if c["name"] == "sloguard_session"]
             assert session["httpOnly"] and session["sameSite"] == "Strict"
             assert TOKEN not in page.content()
+            # silence it from the browser, logged in, and see the silence listed
+            page.goto(f"{url}/silences")
+            page.fill("textarea[name=matchers]", 'alertname="LSSlow"\npod="web-7"')
+            page.fill("input[name=duration]", "30m")
+            page.fill("input[name=created_by]", "carol")
+            page.fill("input[name=comment]", "rolling out a fix <i>now</i>")
+            page.get_by_role("button", name="silence").click()
+            page.wait_for_url(f"{url}/silences")
+            listed = page.locator("#silences").inner_text()
+            assert "active" in listed and 'pod="web-7"' in listed
+            assert "rolling out a fix <i>now</i>" in listed  # escaped, shown as text
+            [silence] = agent.silences.list(None, time.time_ns())
+            assert silence.created_by == "carol"
+            artifacts = Path(__file__).resolve().parent.parent / "test-artifacts"
+            artifacts.mkdir(exist_ok=True)
+            page.screenshot(path=str(artifacts / "silences.png"), full_page=True)
+            page.get_by_role("button", name="expire").click()
+            page.wait_for_url(f"{url}/silences")
+            assert "expired" in page.locator("#silences").inner_text()
             browser.close()
         evil = httpx.post(f"{url}/login", data={"token": TOKEN, "next": "//evil.example/x"},
                           timeout=10)
