@@ -333,3 +333,78 @@ def test_the_image_builds_and_starts_the_cli():
     version = subprocess.run(["docker", "run", "--rm", "--entrypoint", "sloguard", tag,
                               "version"], capture_output=True, text=True, timeout=120)
     assert version.returncode == 0, version.stderr
+
+
+# -- the cluster view: deploy/server -----------------------------------------------------------
+
+def test_the_server_renders_and_its_config_runs_the_real_server(tmp_path: Path,
+                                                               sloguard_bin: str):
+    """deploy/server renders; the generated config, with the Secrets' files where the
+    Deployment mounts them (moved under tmp_path), starts the real `sloguard server`, which
+    then refuses reading without the UI token and ingest with the wrong one."""
+    import socket
+    import time
+
+    import httpx
+
+    objects = render("server")
+    assert sorted(o["kind"] for o in objects) == ["ConfigMap", "Deployment", "Service"]
+    deployment = one(objects, "Deployment", "sloguard-server")
+    pod = deployment["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["command"][:2] == ["sloguard", "server"]
+    assert pod["automountServiceAccountToken"] is False  # it needs no Kubernetes API
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    configmap = one(objects, "ConfigMap")
+    names = {v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
+    assert names == {configmap["metadata"]["name"]}  # the hashed name is followed
+    text = configmap["data"]["config.yaml"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    for name, path in mounts.items():  # the pod's paths, moved under tmp_path
+        text = text.replace(path, str(tmp_path / name))
+    (tmp_path / "ui-token").mkdir()
+    (tmp_path / "ui-token" / "token").write_text("ui-secret")
+    (tmp_path / "ingest-token").mkdir()
+    (tmp_path / "ingest-token" / "token").write_text("ingest-secret")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = tmp_path / "config.yaml"
+    config.write_text(text.replace("listen: 0.0.0.0:8080", f"listen: 0.0.0.0:{port}"))
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen([sloguard_bin, "server", "--config", str(config)],
+                                  stdout=out, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        assert httpx.get(f"{url}/api/incidents", timeout=5).status_code == 401
+        bearer = {"Authorization": "Bearer ui-secret"}
+        assert httpx.get(f"{url}/api/incidents", headers=bearer, timeout=5).status_code == 200
+        wrong = httpx.post(f"{url}/api/v1/ingest", headers=bearer, timeout=5,
+                           json={"node": "n", "incidents": [], "actions": []})
+        assert wrong.status_code == 401  # the UI's token cannot ingest
+        assert (tmp_path / "data").is_dir()  # the data dir is the mounted volume
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.mark.kube
+def test_the_apiserver_accepts_the_server_manifests(kube, kube_agent: KubeAgent):
+    kubectl = kube.kubectl_path
+    need(kubectl is not None, "the cached kubectl is missing (bash scripts/kube-testenv.sh)")
+    done = subprocess.run(
+        [kubectl, "--kubeconfig", kube.kubeconfig_path(), "apply", "--dry-run=server", "-f", "-"],
+        input=render_text("server"), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "deployment.apps/sloguard-server created (server dry run)" in done.stdout
+    assert "service/sloguard-server created (server dry run)" in done.stdout
