@@ -33,11 +33,13 @@ bcc-setup: $(VENV)/.installed
 	bash scripts/bcc-setup.sh $(VENV)
 
 ## Servers and binaries the tests talk to (a real kube-apiserver, cached after the first build;
-## Debian's influxdb and victoria-metrics, whose services are not started; Debian's chromium).
+## Debian's influxdb and victoria-metrics, whose services are not started; Debian's chromium;
+## Docker and a debootstrapped bookworm base image for the image test).
 test-deps: bcc-setup
 	bash scripts/kube-testenv.sh
 	bash scripts/influx-testenv.sh
 	bash scripts/browser-testenv.sh
+	bash scripts/docker-testenv.sh
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
