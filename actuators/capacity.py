@@ -27,6 +27,7 @@ from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any, ClassVar
 
 from sloguard.actuators.env import ANNOTATION_PREFIX, ActuatorEnv
+from sloguard.actuators.kube_step import KubeStep
 from sloguard.actuators.kubeapi import api_status, describe, emit_node_event, transient
 from sloguard.actuators.step import (
     DONE,
@@ -91,7 +92,7 @@ def _binary(text: str) -> bool:
     return str(text).endswith("i")
 
 
-class ReduceCapacity:
+class ReduceCapacity(KubeStep):
     kind: ClassVar[str] = "reduce_capacity"
 
     def __init__(self, params: dict[str, Any], env: ActuatorEnv) -> None:
@@ -146,29 +147,12 @@ class ReduceCapacity:
                 self.floor[name] = (amount, False)
         self.env = env
         self.owner = f"sloguard/{env.node}"
-        self._core: Any = None
 
     def _known(self, mapping: dict[str, Any], what: str) -> None:
         unknown = [k for k in mapping if k not in self.resources]
         if unknown:
             raise ValueError(f"{what} names {', '.join(map(str, unknown))}, not in resources "
                              f"({', '.join(self.resources)})")
-
-    def available(self) -> str | None:
-        if self.env.kube is None:
-            return self.env.kube_error or "Kubernetes is not configured (kubernetes.enabled)"
-        return None
-
-    @property
-    def target(self) -> str:
-        return f"node/{self.env.node}"
-
-    def _api(self) -> Any:
-        if self._core is None:
-            from kubernetes import client
-
-            self._core = client.CoreV1Api(self.env.kube())
-        return self._core
 
     # -- the arithmetic ------------------------------------------------------------------------
 

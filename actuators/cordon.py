@@ -17,6 +17,7 @@ import datetime
 from typing import Any, ClassVar
 
 from sloguard.actuators.env import ANNOTATION_PREFIX, ActuatorEnv
+from sloguard.actuators.kube_step import KubeStep
 from sloguard.actuators.kubeapi import emit_node_event
 from sloguard.actuators.step import (
     DONE,
@@ -35,7 +36,7 @@ TAINT_KEY = f"{ANNOTATION_PREFIX}interference"
 EFFECTS = ("NoSchedule", "PreferNoSchedule")
 
 
-class Cordon:
+class Cordon(KubeStep):
     kind: ClassVar[str] = "cordon"
 
     def __init__(self, params: dict[str, Any], env: ActuatorEnv) -> None:
@@ -45,19 +46,6 @@ class Cordon:
             raise ValueError(f"taint must be one of {', '.join(EFFECTS)} (or absent: cordon)")
         self.env = env
         self.owner = f"sloguard/{env.node}"
-        self._core: Any = None
-
-    def available(self) -> str | None:
-        if self.env.kube is None:
-            return self.env.kube_error or "Kubernetes is not configured (kubernetes.enabled)"
-        return None
-
-    def _api(self) -> Any:
-        if self._core is None:
-            from kubernetes import client
-
-            self._core = client.CoreV1Api(self.env.kube())
-        return self._core
 
     def _read(self) -> Any:
         return self._api().read_node(self.env.node,
@@ -78,10 +66,6 @@ class Cordon:
             self._patch({"metadata": {"resourceVersion": node.metadata.resource_version,
                                       "annotations": marks}})
         return StepResult(SKIPPED, self.target, detail, {"owned": False})
-
-    @property
-    def target(self) -> str:
-        return f"node/{self.env.node}"
 
     # -- apply -------------------------------------------------------------------------------
 

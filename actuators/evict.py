@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sloguard.actuators.env import ActuatorEnv
+from sloguard.actuators.kube_step import KubeStep
 from sloguard.actuators.kubeapi import api_status, describe, emit_node_event, transient
 from sloguard.actuators.step import (
     BE,
@@ -193,7 +194,7 @@ def ranking_text(candidates: list[Candidate], resource: str) -> list[str]:
     return [f"{i}. {c.ref}: {reasons(c, resource)}" for i, c in enumerate(candidates, 1)]
 
 
-class Evict:
+class Evict(KubeStep):
     kind: ClassVar[str] = "evict"
 
     def __init__(self, params: dict[str, Any], env: ActuatorEnv) -> None:
@@ -212,24 +213,7 @@ class Evict:
             raise ValueError("class_label must be a label name")
         self.class_label = label
         self.env = env
-        self._core: Any = None
         self._eviction_version = ""
-
-    def available(self) -> str | None:
-        if self.env.kube is None:
-            return self.env.kube_error or "Kubernetes is not configured (kubernetes.enabled)"
-        return None
-
-    @property
-    def target(self) -> str:
-        return f"node/{self.env.node}"
-
-    def _api(self) -> Any:
-        if self._core is None:
-            from kubernetes import client
-
-            self._core = client.CoreV1Api(self.env.kube())
-        return self._core
 
     def eviction_version(self) -> str:
         """`policy/v1` or `policy/v1beta1`: what the server says pods/eviction takes.

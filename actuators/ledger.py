@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sloguard.store import StoreError
+from sloguard.store.sqlite import add_column, open_db
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rungs (
@@ -109,28 +109,17 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
+def _migrate(conn: sqlite3.Connection) -> None:
+    add_column(conn, "rungs", "last_ns", "INTEGER NOT NULL DEFAULT 0")  # repeats timed apart
+    add_column(conn, "audit", "source_id", "INTEGER")  # a cluster server's copy: id on its node
+    conn.execute("CREATE UNIQUE INDEX IF NOT EXISTS audit_by_source ON audit (node, source_id)")
+
+
 class Ledger:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = sqlite3.connect(self.path, check_same_thread=False,
-                                         isolation_level=None)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA busy_timeout=5000")
-            self._conn.executescript(_SCHEMA)
-            columns = {row[1] for row in self._conn.execute("PRAGMA table_info(rungs)")}
-            if "last_ns" not in columns:  # a ledger from before repeats were timed apart
-                self._conn.execute("ALTER TABLE rungs ADD COLUMN last_ns INTEGER NOT NULL "
-                                   "DEFAULT 0")
-            columns = {row[1] for row in self._conn.execute("PRAGMA table_info(audit)")}
-            if "source_id" not in columns:  # a cluster server's copy: the id on its node
-                self._conn.execute("ALTER TABLE audit ADD COLUMN source_id INTEGER")
-            self._conn.execute("CREATE UNIQUE INDEX IF NOT EXISTS audit_by_source "
-                               "ON audit (node, source_id)")
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"{self.path}: cannot open the actuator ledger: {exc}") from exc
+        self._conn = open_db(self.path, _SCHEMA, "the actuator ledger", migrate=_migrate)
 
     # -- rungs in force --------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sloguard.config import Duration
-from sloguard.yamlfile import YamlFileError, nearest, read_yaml
+from sloguard.yamlfile import YamlFileError, nearest, read_yaml, validation_problems
 
 SUPPRESS = "suppress"
 
@@ -143,15 +143,7 @@ def load_policy_file(path: Path, validate_step: Any = None) -> list[Policy]:
     try:
         spec = PolicyFileSpec.model_validate(document)
     except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            loc = tuple(str(p) for p in error["loc"])
-            line, column = nearest(lines, loc)
-            msg = error["msg"].removeprefix("Value error, ")
-            if error["type"] == "extra_forbidden":
-                msg = "unknown field"
-            problems.append(f"{path}:{line}:{column}: {'.'.join(loc)}: {msg}")
-        raise PolicyFileError("\n".join(problems)) from exc
+        raise PolicyFileError(validation_problems(path, exc, lines)) from exc
     problems = []
     policies = []
     seen: set[str] = set()

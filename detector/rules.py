@@ -41,7 +41,7 @@ from pydantic import (
 from sloguard.config import Duration
 from sloguard.selectors import Selector, parse_selector
 from sloguard.store import check_aggregation
-from sloguard.yamlfile import YamlFileError, nearest, read_yaml
+from sloguard.yamlfile import YamlFileError, nearest, read_yaml, validation_problems
 
 log = logging.getLogger(__name__)
 
@@ -166,15 +166,7 @@ def load_rule_file(path: Path, validate_params: Any = None) -> list[LoadedRule]:
     try:
         spec = RuleFileSpec.model_validate(document)
     except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            loc = tuple(str(p) for p in error["loc"])
-            line, column = nearest(lines, loc)
-            msg = error["msg"].removeprefix("Value error, ")
-            if error["type"] == "extra_forbidden":
-                msg = "unknown field"
-            problems.append(f"{path}:{line}:{column}: {'.'.join(loc)}: {msg}")
-        raise RuleFileError("\n".join(problems)) from exc
+        raise RuleFileError(validation_problems(path, exc, lines)) from exc
     rules: list[LoadedRule] = []
     problems: list[str] = []
     seen: set[str] = set()

@@ -59,71 +59,58 @@ def _load(config: Path | None, data_dir: Path | None, listen: str | None) -> Loa
 @app.command()
 def run(config: ConfigOpt = None, data_dir: DataDirOpt = None, listen: ListenOpt = None) -> None:
     """Run the node agent with its web UI and API."""
-    loaded = _load(config, data_dir, listen)
-    settings = loaded.settings
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    import uvicorn
-
+    settings = _start_logging(_load(config, data_dir, listen).settings)
     from sloguard.agent import Agent
-    from sloguard.store import StoreError
-    from sloguard.ui.app import create_app
 
-    try:
-        agent = Agent(settings)
-    except StoreError as exc:  # an unusable data directory is a bad configured value
-        typer.echo(f"sloguard: {exc}", err=True)
-        raise typer.Exit(2) from None
-    host, port = settings.listen_host_port
-    logging.getLogger(__name__).info("UI and API on http://%s:%d", host, port)
-    server = _uvicorn_server()(uvicorn.Config(
-        create_app(agent), host=host, port=port, log_level=settings.log_level,
-        access_log=False, timeout_graceful_shutdown=10,
-    ))
-    server.run()
-    if not server.started:
-        raise typer.Exit(1)
+    _serve(settings, Agent, "UI and API")
 
 
 @app.command()
 def server(config: ConfigOpt = None, data_dir: DataDirOpt = None,
            listen: ListenOpt = None) -> None:
     """Run the cluster view: the same UI for every node, fed by the agents' `forward:`."""
-    loaded = _load(config, data_dir, listen)
-    settings = loaded.settings
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    import uvicorn
-
+    settings = _start_logging(_load(config, data_dir, listen).settings)
     from sloguard.cluster import ClusterServer
     from sloguard.config import secret_sources
-    from sloguard.store import StoreError
-    from sloguard.ui.app import create_app
 
     if not secret_sources(settings.server, "ingest_token"):
         typer.echo("sloguard: configuration error:\nserver.ingest_token: required (or "
                    "ingest_token_file, ingest_token_env): the token agents send with their "
                    "incidents; it must differ from ui.token", err=True)
         raise typer.Exit(2)
+    _serve(settings, ClusterServer, "cluster UI and API")
+
+
+def _start_logging(settings: Any) -> Any:
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    return settings
+
+
+def _serve(settings: Any, build: Any, what: str) -> None:
+    """Build the agent (or cluster server) and serve its app until SIGTERM; an unusable data
+    directory is a bad configured value (exit 2), a port that cannot be bound exits 1."""
+    import uvicorn
+
+    from sloguard.store import StoreError
+    from sloguard.ui.app import create_app
+
     try:
-        cluster = ClusterServer(settings)
+        subject = build(settings)
     except StoreError as exc:
         typer.echo(f"sloguard: {exc}", err=True)
         raise typer.Exit(2) from None
     host, port = settings.listen_host_port
-    logging.getLogger(__name__).info("cluster UI and API on http://%s:%d", host, port)
-    uv = _uvicorn_server()(uvicorn.Config(
-        create_app(cluster), host=host, port=port, log_level=settings.log_level,
+    logging.getLogger(__name__).info("%s on http://%s:%d", what, host, port)
+    server = _uvicorn_server()(uvicorn.Config(
+        create_app(subject), host=host, port=port, log_level=settings.log_level,
         access_log=False, timeout_graceful_shutdown=10,
     ))
-    uv.run()
-    if not uv.started:
+    server.run()
+    if not server.started:
         raise typer.Exit(1)
 
 

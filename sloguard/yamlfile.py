@@ -55,3 +55,17 @@ def line_map(node: yaml.Node | None) -> dict[tuple[str, ...], Position]:
 def nearest(lines: dict[tuple[str, ...], Position], loc: tuple[str, ...]) -> Position:
     """Where `loc` is, or its closest enclosing key (for missing or unknown fields)."""
     return next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), (1, 1))
+
+
+def validation_problems(path: Path, exc: Any, lines: dict[tuple[str, ...], Position]) -> str:
+    """A pydantic ValidationError of a YAML file as `file:line:column: field: problem` lines,
+    one per error: what rule and policy files report."""
+    problems = []
+    for error in exc.errors():
+        loc = tuple(str(p) for p in error["loc"])
+        line, column = nearest(lines, loc)
+        msg = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            msg = "unknown field"
+        problems.append(f"{path}:{line}:{column}: {'.'.join(loc)}: {msg}")
+    return "\n".join(problems)

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sloguard.store import StoreError
+from sloguard.store.sqlite import open_db
 
 
 class AlertDB:
@@ -26,17 +26,8 @@ class AlertDB:
 
         self.path = Path(path)
         self.lock = threading.RLock()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.conn = sqlite3.connect(self.path, check_same_thread=False,
-                                        isolation_level=None)
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute("PRAGMA synchronous=FULL")
-            self.conn.execute("PRAGMA busy_timeout=10000")
-            for schema in (silences.SCHEMA, grouping.SCHEMA, outbox.SCHEMA):
-                self.conn.executescript(schema)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"{self.path}: cannot open the alerting database: {exc}") from exc
+        self.conn = open_db(self.path, (silences.SCHEMA, grouping.SCHEMA, outbox.SCHEMA),
+                            "the alerting database", busy_ms=10000, synchronous="FULL")
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:

@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from sloguard.incidents import RESOLVED, STATES, Incident
-from sloguard.store import StoreError
+from sloguard.store.sqlite import add_column, open_db
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS incidents (
@@ -32,24 +32,16 @@ CREATE INDEX IF NOT EXISTS incidents_by_time ON incidents (started_ns);
 """
 
 
+def _migrate(conn: sqlite3.Connection) -> None:
+    add_column(conn, "incidents", "seq", "INTEGER NOT NULL DEFAULT 0")  # changes numbered
+    conn.execute("CREATE INDEX IF NOT EXISTS incidents_by_seq ON incidents (seq)")
+
+
 class IncidentStore:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = sqlite3.connect(self.path, check_same_thread=False,
-                                         isolation_level=None)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA busy_timeout=5000")
-            self._conn.executescript(_SCHEMA)
-            columns = {row[1] for row in self._conn.execute("PRAGMA table_info(incidents)")}
-            if "seq" not in columns:  # a store from before changes were numbered
-                self._conn.execute("ALTER TABLE incidents ADD COLUMN seq INTEGER NOT NULL "
-                                   "DEFAULT 0")
-            self._conn.execute("CREATE INDEX IF NOT EXISTS incidents_by_seq ON incidents (seq)")
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"{self.path}: cannot open the incident store: {exc}") from exc
+        self._conn = open_db(self.path, _SCHEMA, "the incident store", migrate=_migrate)
 
     def save(self, incident: Incident) -> None:
         row = (

@@ -1,0 +1,30 @@
+"""What every step that acts through the Kubernetes API shares: it needs the API configured,
+acts on this node, and builds its client on first use (a node whose policies never reach it
+never loads the kubernetes package)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sloguard.actuators.env import ActuatorEnv
+
+
+class KubeStep:
+    env: ActuatorEnv
+    _core: Any = None
+
+    def available(self) -> str | None:
+        if self.env.kube is None:
+            return self.env.kube_error or "Kubernetes is not configured (kubernetes.enabled)"
+        return None
+
+    @property
+    def target(self) -> str:
+        return f"node/{self.env.node}"
+
+    def _api(self) -> Any:
+        if self._core is None:
+            from kubernetes import client
+
+            self._core = client.CoreV1Api(self.env.kube())
+        return self._core
