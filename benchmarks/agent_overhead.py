@@ -44,18 +44,28 @@ def _hierarchies() -> list[Path]:
 
 
 class BenchCgroups:
-    def __init__(self, count: int) -> None:
-        self.prefix = f"sloguard-bench-{os.getpid()}"
+    """`count` real cgroups (every v1 hierarchy the agent reads, and v2), one process in each:
+    `sleep` by default, or Python `code` that starts only once it has been moved in."""
+
+    def __init__(self, count: int, code: str | None = None, name: str = "bench") -> None:
+        self.prefix = f"sloguard-{name}-{os.getpid()}"
         self.roots = _hierarchies()
         self.procs: list[subprocess.Popen] = []
         for i in range(count):
             rel = f"{self.prefix}/cg{i:03d}"
             for root in self.roots:
                 (root / rel).mkdir(parents=True, exist_ok=True)
-            proc = subprocess.Popen(["sleep", "86400"])
+            if code is None:
+                proc = subprocess.Popen(["sleep", "86400"])
+            else:
+                proc = subprocess.Popen([sys.executable, "-c", f"import sys\nsys.stdin.read(1)\n"
+                                         f"{code}"], stdin=subprocess.PIPE)
             self.procs.append(proc)
             for root in self.roots:
                 (root / rel / "cgroup.procs").write_text(str(proc.pid))
+            if proc.stdin is not None:  # moved everywhere: let it run
+                proc.stdin.write(b"g")
+                proc.stdin.close()
 
     def remove(self) -> None:
         for proc in self.procs:

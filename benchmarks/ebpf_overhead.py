@@ -24,7 +24,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,8 +34,8 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+from agent_overhead import BenchCgroups, _free_port  # benchmarks/, run as scripts
 
-from sloguard.collectors.cgroup_layout import detect_layout
 from sloguard.collectors.cgroups import CgroupCollector
 from sloguard.collectors.kernel_latency import KernelLatencyCollector
 from sloguard.config import CollectorsConfig
@@ -100,47 +99,8 @@ def scheduler_overhead(rounds: int, loops: int) -> dict[str, list[float]]:
 
 
 # ------------------------------------------------------------------------ agent's map reads
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Sleepers:
-    """`count` cgroups, each with a process waking 100 times a second."""
-
-    def __init__(self, count: int) -> None:
-        layout = detect_layout()
-        roots = [layout.v1[c] for c in ("cpu", "cpuacct", "memory") if c in layout.v1]
-        if layout.unified is not None:
-            roots.append(layout.unified)
-        self.roots = list(dict.fromkeys(roots))
-        self.prefix = f"sloguard-ebpf-bench-{os.getpid()}"
-        self.procs: list[subprocess.Popen] = []
-        code = "import sys, time\nsys.stdin.read(1)\nwhile True: time.sleep(0.01)"
-        for i in range(count):
-            rel = f"{self.prefix}/cg{i:03d}"
-            for root in self.roots:
-                (root / rel).mkdir(parents=True, exist_ok=True)
-            proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
-            for root in self.roots:
-                (root / rel / "cgroup.procs").write_text(str(proc.pid))
-            proc.stdin.write(b"g")
-            proc.stdin.close()
-            self.procs.append(proc)
-
-    def remove(self) -> None:
-        for proc in self.procs:
-            proc.kill()
-            proc.wait()
-        time.sleep(0.2)
-        for root in self.roots:
-            base = root / self.prefix
-            if base.exists():
-                for child in sorted(base.iterdir()):
-                    if child.is_dir():
-                        child.rmdir()
-                base.rmdir()
+# each cgroup's process wakes 100 times a second: the run-queue events the maps count
+SLEEPER = "import time\nwhile True: time.sleep(0.01)"
 
 
 def _metric(text: str, name: str, labels: str = "") -> float:
@@ -213,7 +173,7 @@ def main() -> None:
     base = statistics.median(sched["none"])
 
     progress(f"creating {args.cgroups} cgroups with a sleeper each (100 wakeups/s)")
-    sleepers = Sleepers(args.cgroups)
+    sleepers = BenchCgroups(args.cgroups, SLEEPER, name="ebpf-bench")
     work = Path(tempfile.mkdtemp(prefix="sloguard-ebpf-bench-"))
     try:
         common = ("collectors:\n  cgroups:\n"
