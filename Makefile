@@ -34,12 +34,14 @@ bcc-setup: $(VENV)/.installed
 
 ## Servers and binaries the tests talk to (a real kube-apiserver, cached after the first build;
 ## Debian's influxdb and victoria-metrics, whose services are not started; Debian's chromium;
-## Docker and a debootstrapped bookworm base image for the image test).
+## Docker and a debootstrapped bookworm base image for the image test; stress-ng and
+## redis-server for the interference lab).
 test-deps: bcc-setup
 	bash scripts/kube-testenv.sh
 	bash scripts/influx-testenv.sh
 	bash scripts/browser-testenv.sh
 	bash scripts/docker-testenv.sh
+	bash scripts/lab-testenv.sh
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

@@ -333,6 +333,79 @@ def backtest(
         typer.echo(f"plot: {plot}")
 
 
+@app.command()
+def lab(
+    scenarios: Annotated[list[str] | None, typer.Argument(
+        help="scenario files or shipped names (cpu, cache, io, vm) [all shipped]")] = None,
+    out: Annotated[Path, typer.Option(help="results and report.md go here")] = Path("lab-out"),
+    short: Annotated[bool, typer.Option(
+        help="shorter periods (10 s quiet, 25 s episodes, one episode): a quick look")] = False,
+    kubeconfig: Annotated[str | None, typer.Option(
+        help="act on this API server's Node (the lab registers it); unset: Kubernetes steps "
+             "in shadow mode")] = None,
+    report_only: Annotated[bool, typer.Option(
+        help="rebuild the report from results already in --out")] = False,
+) -> None:
+    """Run interference scenarios on this machine: an LS service under open-loop load, BE
+    antagonists on a schedule, the agent guarding it or not; writes a report with plots."""
+    from sloguard.lab.antagonists import LabSetupError
+    from sloguard.lab.scenario import (
+        SCENARIO_DIR,
+        ScenarioError,
+        find_scenario,
+        load_scenario,
+        shortened,
+        timeline,
+    )
+    from sloguard.lab.session import (
+        load_session,
+        run_session,
+        session_seconds,
+        write_report,
+    )
+
+    names = scenarios or sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
+    try:
+        specs = [load_scenario(find_scenario(name)) for name in names]
+    except ScenarioError as exc:
+        typer.echo(f"sloguard: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if short:
+        specs = [shortened(s, quiet=10, episode=25, episodes=1) for s in specs]
+    if report_only:
+        reports = load_session(specs, out)
+        if not reports:
+            typer.echo(f"sloguard: no lab results in {out}", err=True)
+            raise typer.Exit(2)
+        typer.echo(f"report: {write_report(reports, out, kubeconfig)}")
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    lengths = {s.name: timeline(s)[1] for s in specs}  # seconds of one way
+    fractions: dict[tuple[str, str], float] = {}
+    with Progress(TextColumn("{task.description:24s}"), BarColumn(),
+                  TextColumn("{task.percentage:>3.0f}%"), TimeRemainingColumn()) as bar:
+        task = bar.add_task("lab", total=session_seconds(specs))
+
+        def progress(scenario: str, fraction: float, way: str) -> None:
+            fractions[(scenario, way)] = fraction
+            bar.update(task, completed=sum(f * lengths[name]
+                                           for (name, _), f in fractions.items()),
+                       description=f"{scenario}: {way}")
+
+        try:
+            reports = run_session(specs, out, progress, kubeconfig=kubeconfig)
+        except LabSetupError as exc:
+            typer.echo(f"sloguard: the lab cannot run here: {exc}", err=True)
+            raise typer.Exit(2) from None
+    typer.echo(f"report: {out / 'report.md'}")
+    for report in reports:
+        for way, stats in report.stats.items():
+            typer.echo(f"  {report.spec.name:6s} {way:9s} p99 {stats.p99_ms:7.3f} ms  "
+                       f"in episodes {stats.episode_p99_ms:7.3f} ms  "
+                       f"BE {stats.be_ops_per_s:9.0f} bogo-ops/s")
+
+
 # The project's best general detector on NAB, with its own defaults (see README, "NAB").
 DEFAULT_NAB_DETECTOR = "anomaly_likelihood"
 

@@ -1,0 +1,164 @@
+"""The real sloguard agent, run for one way of a lab scenario.
+
+It is the agent users run (`sloguard run`, a child process) with the shipped rules and the
+shipped escalation policy; only what makes it see the lab differs from a node's config: the lab
+cgroups are declared LS and BE (there are no kubepods here), the LS service's objective is the
+scenario's, and the load generator's latencies reach it through the receive endpoint, as a
+service's own pushes would.
+
+Kubernetes steps (cordon, reduce_capacity, evict) go to the API server of a kubeconfig when one
+is given, on a Node object the lab registers for the run; without one they run in shadow mode
+(`dry_run: true` on those steps in the lab's copy of the policy), so the audit shows what they
+would have done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sloguard.config import _default_policy_paths
+
+KUBE_STEPS = ("cordon", "reduce_capacity", "evict")
+SERVICE = "redis-lab"
+LS_CGROUP = "sloguard-lab/ls"
+BE_CGROUP = "sloguard-lab/be"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def lab_policies(target: Path, kube: bool) -> Path:
+    """The shipped policies, copied; without an API server, the Kubernetes steps in shadow
+    mode."""
+    target.mkdir(parents=True, exist_ok=True)
+    for source in _default_policy_paths():
+        path = Path(source)
+        files = sorted(path.glob("*.yaml")) if path.is_dir() else [path]
+        for file in files:
+            document = yaml.safe_load(file.read_text())
+            if not kube:
+                for policy in document.get("policies", []):
+                    for step in policy.get("steps", []):
+                        if step.get("step") in KUBE_STEPS:
+                            step["dry_run"] = True
+            (target / file.name).write_text(yaml.safe_dump(document, sort_keys=False))
+    return target
+
+
+def agent_config(workdir: Path, port: int, guarded: bool, slo: Any,
+                 kubeconfig: str | None, node: str) -> Path:
+    token = workdir / "receive.token"
+    token.write_text(secrets.token_hex(16))
+    config = {
+        "node_name": node,
+        "listen": f"127.0.0.1:{port}",
+        "interval": "1s",
+        "collectors": {
+            "cgroups": {
+                "include": [LS_CGROUP.split("/")[0]],
+                "declare": [{"path": LS_CGROUP, "class": "LS", "name": "redis"},
+                            {"path": BE_CGROUP, "class": "BE", "name": "stress-ng"}],
+                "rediscover": "2s",
+            },
+            # the lab's rules do not need eBPF; compiling it at start would cost each way
+            # several CPU-seconds right before the schedule starts
+            "ebpf": {"enabled": False},
+        },
+        "kubernetes": {"enabled": kubeconfig is not None, "kubeconfig": kubeconfig},
+        "actuators": {
+            "dry_run": not guarded,
+            "policies": [str(lab_policies(workdir / "policies", kubeconfig is not None))],
+        },
+        "app_latency": {"pods": {"enabled": False},
+                        "receive": {"enabled": True, "token_file": str(token)}},
+        "slos": [{"service": SERVICE, "percentile": slo.percentile,
+                  "latency_ms": slo.latency_ms, "window": slo.window}],
+    }
+    path = workdir / "agent.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+class LabAgent:
+    """`sloguard run` as a child; talks to it over its API."""
+
+    def __init__(self, workdir: Path, guarded: bool, slo: Any, kubeconfig: str | None = None,
+                 node: str = "sloguard-lab") -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        config = agent_config(workdir, self.port, guarded, slo, kubeconfig, node)
+        self.token = (workdir / "receive.token").read_text().strip()
+        binary = shutil.which("sloguard", path=str(Path(sys.executable).parent)) or "sloguard"
+        self.log = open(workdir / "agent.log", "ab")  # noqa: SIM115 - closed in stop
+        self.proc = subprocess.Popen(
+            [binary, "run", "-c", str(config), "--data-dir", str(workdir / "data")],
+            stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.get("/healthz")
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"the agent exited ({self.proc.returncode}); see "
+                                       f"{self.workdir / 'agent.log'}") from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the agent did not answer in {timeout:g}s; see "
+                                       f"{self.workdir / 'agent.log'}") from None
+                time.sleep(0.2)
+
+    def get(self, path: str, **query: Any) -> Any:
+        url = self.base + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.loads(response.read() or b"null")
+
+    def push(self, latencies_ms: list[float], interval_s: float, lost: int = 0) -> None:
+        """The LS service's latencies, as its own push to the agent on its node would be."""
+        body = json.dumps({"observations": [{
+            "service": SERVICE, "class": "LS", "target": "lab-client",
+            "latency_ms": latencies_ms, "errors": lost, "interval_s": interval_s,
+            "requests": len(latencies_ms) + lost}]}).encode()
+        request = urllib.request.Request(
+            self.base + "/api/v1/observations", data=body, method="POST",
+            headers={"Authorization": f"Bearer {self.token}",
+                     "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            response.read()
+
+    def incidents(self) -> list[dict[str, Any]]:
+        return self.get("/api/incidents", limit=1000)["incidents"]
+
+    def actions(self) -> list[dict[str, Any]]:
+        return self.get("/api/actions", limit=5000)["actions"]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        with contextlib.suppress(OSError):
+            self.log.close()

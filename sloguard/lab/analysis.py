@@ -1,0 +1,133 @@
+"""What a way's records say: latency percentiles, the p99 over time, and the guardrail's timing
+against the ground truth (the antagonists' actual start and end times).
+
+Definitions the report uses:
+- a request's latency is `reply - intended send time`; a request never answered counts as
+  slower than every answered one (it is in the tail, not dropped);
+- in-episode figures take the requests due while an antagonist ran (in the baseline way: while
+  it would have run), so a way is compared with the baseline over the same periods;
+- a mitigating action is a rung that changes what BE may use on the node (the levers, resctrl,
+  evict), applied for real (guarded) or proposed (shadow mode: what the unguarded way's agent
+  would have done); notify, cordon and reduce_capacity change nothing for the BE already here;
+- an action in a quiet period is any rung applied or proposed further than `GRACE_S` from every
+  episode: a false alarm (undoing after an episode is the guardrail going back, not an alarm).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sloguard.lab.way import WayResult
+
+MITIGATING = frozenset({"cpu_idle", "cpuset", "cpu_quota", "memory_limit", "resctrl", "evict"})
+ACTED = frozenset({"done", "proposed"})
+GRACE_S = 10.0  # after an episode ends, rungs still belong to it (the rule's recovery hold)
+POLICY_RULE = "LSLatencyInterference"
+
+
+def latencies_ms(records: np.ndarray) -> np.ndarray:
+    """Per request, ms; unanswered requests as +inf."""
+    lat = (records[:, 2] - records[:, 0]) / 1e6
+    return np.where(records[:, 2] < 0, np.inf, lat)
+
+
+def percentile(values: np.ndarray, q: float) -> float:
+    if len(values) == 0:
+        return math.nan
+    return float(np.percentile(values, q, method="higher"))
+
+
+@dataclass
+class EpisodeTiming:
+    antagonist: str
+    start_s: float
+    end_s: float
+    fired_s: float | None  # delay from the antagonist's start to the incident firing
+    first_action_s: float | None  # ... to the first mitigating action (taken or proposed)
+    first_action: str = ""
+    p99_ms: float = math.nan  # LS p99 while this episode ran
+
+
+@dataclass
+class WayStats:
+    way: str
+    requests: int
+    unanswered: int
+    p50_ms: float
+    p99_ms: float
+    p999_ms: float
+    episode_p50_ms: float
+    episode_p99_ms: float
+    episode_p999_ms: float
+    send_lag_p99_ms: float
+    be_ops_per_s: float
+    episodes: list[EpisodeTiming] = field(default_factory=list)
+    quiet_actions: list[dict[str, Any]] = field(default_factory=list)
+    actions: list[dict[str, Any]] = field(default_factory=list)  # with `t` (s from start)
+
+
+def in_episodes(t_s: np.ndarray, spans: list[tuple[float, float]]) -> np.ndarray:
+    mask = np.zeros(len(t_s), dtype=bool)
+    for start, end in spans:
+        mask |= (t_s >= start) & (t_s < end)
+    return mask
+
+
+def way_stats(result: WayResult) -> WayStats:
+    records = result.records
+    lat = latencies_ms(records)
+    t_s = (records[:, 0] - result.start_ns) / 1e9
+    spans = [((e.started_ns - result.start_ns) / 1e9, (e.ended_ns - result.start_ns) / 1e9)
+             for e in result.episodes]
+    inside = lat[in_episodes(t_s, spans)]
+    answered = records[:, 2] >= 0
+    lag = (records[:, 1] - records[:, 0]) / 1e6
+    seconds = sum(e.seconds for e in result.episodes)
+    ops = sum(e.bogo_ops for e in result.episodes)
+    actions = sorted(({**a, "t": (a["time_ns"] - result.start_ns) / 1e9}
+                      for a in result.actions), key=lambda a: a["time_ns"])
+    stats = WayStats(
+        way=result.way, requests=len(records), unanswered=int((~answered).sum()),
+        p50_ms=percentile(lat, 50), p99_ms=percentile(lat, 99), p999_ms=percentile(lat, 99.9),
+        episode_p50_ms=percentile(inside, 50), episode_p99_ms=percentile(inside, 99),
+        episode_p999_ms=percentile(inside, 99.9),
+        send_lag_p99_ms=percentile(lag, 99),
+        be_ops_per_s=ops / seconds if seconds > 0 and result.way != "baseline" else 0.0,
+        actions=actions)
+    fired = sorted((i["fired_ns"] - result.start_ns) / 1e9 for i in result.incidents
+                   if i.get("fired_ns") and i["rule"] == POLICY_RULE)
+    applied = [a for a in actions if a["action"] == "apply" and a["status"] in ACTED]
+    for episode, (start, end) in zip(result.episodes, spans, strict=True):
+        window = (start, end + GRACE_S)
+        fire = next((f for f in fired if window[0] <= f < window[1]), None)
+        act = next((a for a in applied if a["kind"] in MITIGATING
+                    and window[0] <= a["t"] < window[1]), None)
+        stats.episodes.append(EpisodeTiming(
+            episode.antagonist, start, end,
+            None if fire is None else fire - start,
+            None if act is None else act["t"] - start,
+            "" if act is None else f"{act['kind']} ({act['status']})",
+            percentile(lat[(t_s >= start) & (t_s < end)], 99)))
+    stats.quiet_actions = [a for a in applied if not any(
+        start <= a["t"] < end + GRACE_S for start, end in spans)]
+    return stats
+
+
+def p99_timeline(result: WayResult, bin_s: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """LS p99 per `bin_s` of intended send time: (bin starts in s, p99 in ms)."""
+    records = result.records
+    if len(records) == 0:
+        return np.zeros(0), np.zeros(0)
+    lat = latencies_ms(records)
+    t_s = (records[:, 0] - result.start_ns) / 1e9
+    bins = np.floor(t_s / bin_s).astype(int)
+    order = np.argsort(bins, kind="stable")
+    bins, lat = bins[order], lat[order]
+    edges = np.flatnonzero(np.diff(bins)) + 1
+    starts = bins[np.r_[0, edges]] * bin_s
+    p99 = np.array([percentile(chunk, 99) for chunk in np.split(lat, edges)])
+    return starts, p99

@@ -1,0 +1,181 @@
+"""The lab report: a markdown page with every figure and one plot per scenario.
+
+The plot is what a reader wants to see first: the LS p99 of each second for the three ways on
+one time axis, the antagonist periods shaded, the SLO target drawn, and the guarded agent's
+actions marked where they happened (solid: applied, dotted: undone).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from sloguard.lab.analysis import MITIGATING, WayStats, p99_timeline, way_stats
+from sloguard.lab.scenario import ScenarioSpec
+from sloguard.lab.way import WayResult
+
+# the issue's targets (docs/lab.md)
+TARGET_DELAY_S = 3.0
+TARGET_P99_RATIO = 1.25
+TARGET_BE_RATIO = 0.5
+HELD_ANTAGONISTS = ("cpu", "cache", "io")  # where a manual lever reached both targets here
+COLORS = {"baseline": "#2b8a3e", "unguarded": "#c92a2a", "guarded": "#1864ab"}
+
+
+@dataclass
+class ScenarioReport:
+    spec: ScenarioSpec
+    results: dict[str, WayResult]
+    stats: dict[str, WayStats]
+
+    def ratio(self, way: str, attr: str, reference: str) -> float:
+        a = getattr(self.stats[way], attr) if way in self.stats else math.nan
+        b = getattr(self.stats[reference], attr) if reference in self.stats else math.nan
+        return a / b if b and not math.isnan(b) else math.nan
+
+
+def build(spec: ScenarioSpec, results: dict[str, WayResult]) -> ScenarioReport:
+    return ScenarioReport(spec, results, {w: way_stats(r) for w, r in results.items()})
+
+
+def plot(report: ScenarioReport, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 4.2), dpi=110)
+    any_result = next(iter(report.results.values()))
+    for episode in any_result.episodes:
+        start = (episode.started_ns - any_result.start_ns) / 1e9
+        end = (episode.ended_ns - any_result.start_ns) / 1e9
+        ax.axvspan(start, end, color="#fab005", alpha=0.18, lw=0)
+        ax.text(start + 0.5, 0.98, f"BE: {episode.antagonist}", transform=ax.get_xaxis_transform(),
+                va="top", fontsize=8, color="#995c00")
+    for way, result in report.results.items():
+        t, p99 = p99_timeline(result)
+        ax.plot(t, p99, color=COLORS.get(way, "black"), lw=1.2, label=way, drawstyle="steps-post")
+    ax.axhline(report.spec.ls.slo.latency_ms, color="black", ls="--", lw=0.8,
+               label=f"SLO target ({report.spec.ls.slo.latency_ms:g} ms)")
+    guarded = report.stats.get("guarded")
+    if guarded is not None:
+        shown = set()
+        for action in guarded.actions:
+            if action["status"] not in ("done", "proposed") or action["kind"] == "notify":
+                continue
+            mitigating = action["kind"] in MITIGATING
+            label = f"{action['action']}: {action['kind']}"
+            ax.axvline(action["t"], color="#5f3dc4" if mitigating else "#868e96",
+                       ls="-" if action["action"] == "apply" else ":", lw=1.0,
+                       label=None if label in shown else label)
+            shown.add(label)
+            ax.text(action["t"], 0.02, f" {action['kind']}", rotation=90, fontsize=7,
+                    transform=ax.get_xaxis_transform(), va="bottom",
+                    color="#5f3dc4" if mitigating else "#868e96")
+    ax.set_yscale("log")
+    ax.set_xlabel("seconds since the start of the way")
+    ax.set_ylabel("LS p99 per second (ms, log)")
+    ax.set_title(f"scenario {report.spec.name}: LS (redis) p99 per second; "
+                 f"actions of the guarded way marked")
+    ax.legend(fontsize=7, loc="upper right", ncol=2)
+    ax.grid(True, which="both", alpha=0.25)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _ms(value: float) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if math.isinf(value):
+        return "lost"
+    return f"{value:.3f}"
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _x(value: float) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.2f}x"
+
+
+def markdown(reports: list[ScenarioReport], out: Path, header: str) -> str:
+    lines = [header, ""]
+    delays = [e.first_action_s for r in reports if "guarded" in r.stats
+              for e in r.stats["guarded"].episodes if e.first_action_s is not None]
+    missed = sum(1 for r in reports if "guarded" in r.stats
+                 for e in r.stats["guarded"].episodes if e.first_action_s is None)
+    quiet = [(r.spec.name, w, a) for r in reports for w, s in r.stats.items()
+             for a in s.quiet_actions]
+    lines += ["## Targets", "", "| target | result | met |", "|---|---|---|"]
+    median = statistics.median(delays) if delays else None
+    lines.append(f"| median delay to the first mitigating action <= {TARGET_DELAY_S:g} s "
+                 f"(guarded) | {_s(median)} s over {len(delays)} episodes"
+                 f"{f', {missed} with none' if missed else ''} | "
+                 f"{_yes(median is not None and median <= TARGET_DELAY_S and not missed)} |")
+    lines.append(f"| no action in quiet periods (every way) | {len(quiet)} | "
+                 f"{_yes(not quiet)} |")
+    for r in reports:
+        p99 = r.ratio("guarded", "episode_p99_ms", "baseline")
+        be = r.ratio("guarded", "be_ops_per_s", "unguarded")
+        kind = r.spec.schedule.episodes[0].antagonist
+        held = kind in HELD_ANTAGONISTS
+        met = p99 <= TARGET_P99_RATIO and be >= TARGET_BE_RATIO
+        lines.append(f"| {r.spec.name}: LS p99 guarded <= {TARGET_P99_RATIO:g}x baseline and BE "
+                     f">= {TARGET_BE_RATIO:.0%} of unguarded{'' if held else ' (reported only)'}"
+                     f" | p99 {_x(p99)}, BE {_x(be)} | {_yes(met) if held else 'n/a'} |")
+    lines.append("")
+    for r in reports:
+        lines += _scenario(r, out)
+    if quiet:
+        lines += ["## Actions in quiet periods", "", "| scenario | way | t (s) | step | status |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {name} | {way} | {a['t']:.1f} | {a['kind']} | {a['status']} |"
+                  for name, way, a in quiet]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+def _scenario(r: ScenarioReport, out: Path) -> list[str]:
+    png = plot(r, out / f"lab-{r.spec.name}.png")
+    lines = [f"## Scenario `{r.spec.name}`", "", r.spec.description, "",
+             f"![LS p99 over time, scenario {r.spec.name}]({png.name})", "",
+             "| way | requests | unanswered | p50 ms | p99 ms | p999 ms | in-episode p99 ms | "
+             "in-episode p99 vs baseline | client send lag p99 ms | BE bogo-ops/s | "
+             "BE vs unguarded |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for way, s in r.stats.items():
+        lines.append(
+            f"| {way} | {s.requests} | {s.unanswered} | {_ms(s.p50_ms)} | {_ms(s.p99_ms)} | "
+            f"{_ms(s.p999_ms)} | {_ms(s.episode_p99_ms)} | "
+            f"{_x(r.ratio(way, 'episode_p99_ms', 'baseline'))} | {_ms(s.send_lag_p99_ms)} | "
+            f"{s.be_ops_per_s:.0f} | "
+            f"{_x(r.ratio(way, 'be_ops_per_s', 'unguarded')) if way != 'baseline' else '-'} |")
+    lines += ["", "Per episode (seconds from the antagonist's start; unguarded: the agent in "
+              "shadow mode, its proposals):", "",
+              "| way | episode | antagonist | length s | p99 ms | to firing s | "
+              "to first mitigating action s | action |", "|---|---|---|---|---|---|---|---|"]
+    for way, s in r.stats.items():
+        if way == "baseline":
+            continue
+        for i, e in enumerate(s.episodes, start=1):
+            lines.append(f"| {way} | {i} | {e.antagonist} | {e.end_s - e.start_s:.1f} | "
+                         f"{_ms(e.p99_ms)} | {_s(e.fired_s)} | {_s(e.first_action_s)} | "
+                         f"{e.first_action or '-'} |")
+    guarded = r.stats.get("guarded")
+    if guarded is not None and guarded.actions:
+        lines += ["", "Every action of the guarded way:", "",
+                  "| t (s) | step | action | status | reason |", "|---|---|---|---|---|"]
+        for a in guarded.actions:
+            reason = (a.get("reason") or a.get("detail") or "").replace("|", "/")[:140]
+            lines.append(f"| {a['t']:.1f} | {a['kind']} | {a['action']} | {a['status']} | "
+                         f"{reason} |")
+    lines.append("")
+    return lines

@@ -1,0 +1,148 @@
+"""A lab scenario: the LS service and its load, the BE antagonists' schedule (the ground truth the
+guardrail is judged against), and the ways it is run.
+
+    name: cache
+    ls:
+      rate: 5000            # requests per second, open loop
+      slo: {percentile: p99, latency_ms: 0.3, window: 3s}
+    be:
+      workers: 2
+    schedule:               # quiet before the first episode, between episodes and after the last
+      quiet: 20s
+      episodes:
+        - {antagonist: cache, duration: 40s}
+        - {antagonist: cache, duration: 40s}
+
+A file that does not validate is reported as `file:line:column: field: problem`, like rule files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sloguard.config import Duration
+from sloguard.yamlfile import YamlFileError, read_yaml, validation_problems
+
+SCENARIO_DIR = Path(__file__).parent / "scenarios"
+WAYS = ("baseline", "unguarded", "guarded")
+
+# stress-ng stressors per antagonist kind (colocation-lab.md): what each one contends for
+ANTAGONISTS: dict[str, list[str]] = {
+    "cpu": ["--cpu", "{workers}"],
+    "cache": ["--cache", "{workers}"],
+    "stream": ["--stream", "{workers}"],  # memory bandwidth
+    "io": ["--iomix", "{workers}"],
+    "vm": ["--vm", "{workers}", "--vm-bytes", "{vm_bytes}"],
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SloSpec(_Strict):
+    percentile: str = Field("p99", description="the objective's percentile (p50..p999)")
+    latency_ms: float = Field(0.3, gt=0, description="the percentile must stay at or under this")
+    window: Duration = Field(3.0, gt=0, description="requests of this recent window count")
+
+
+class LsSpec(_Strict):
+    server: Literal["redis"] = "redis"
+    rate: float = Field(5000.0, gt=0, le=50_000, description="requests per second (open loop)")
+    keys: int = Field(10_000, ge=1)
+    value_size: int = Field(256, ge=1, le=1 << 20, description="bytes per value (GET replies)")
+    rt_priority: int = Field(20, ge=0, le=99, description="the load generator's SCHED_FIFO "
+                                                          "priority; 0: normal priority")
+    slo: SloSpec = Field(default_factory=SloSpec)
+
+
+class BeSpec(_Strict):
+    workers: int = Field(2, ge=1, le=64, description="stress-ng workers per antagonist")
+    vm_bytes: str = Field("1G", description="memory per vm worker (stress-ng --vm-bytes)")
+
+
+class EpisodeSpec(_Strict):
+    antagonist: Literal["cpu", "cache", "stream", "io", "vm"]
+    duration: Duration = Field(gt=0)
+
+
+class ScheduleSpec(_Strict):
+    quiet: Duration = Field(20.0, gt=0, description="before, between and after the episodes")
+    episodes: list[EpisodeSpec] = Field(min_length=1)
+
+
+class ScenarioSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    ls: LsSpec = Field(default_factory=LsSpec)
+    be: BeSpec = Field(default_factory=BeSpec)
+    schedule: ScheduleSpec
+    ways: list[Literal["baseline", "unguarded", "guarded"]] = Field(
+        default_factory=lambda: list(WAYS), min_length=1)
+
+
+class ScenarioError(Exception):
+    """Every problem of one scenario file, one `file:line:column: field: problem` per line."""
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One antagonist period, in seconds from the start of a way."""
+
+    antagonist: str
+    start_s: float
+    end_s: float
+
+
+def load_scenario(path: Path) -> ScenarioSpec:
+    try:
+        document, lines = read_yaml(path)
+    except YamlFileError as exc:
+        raise ScenarioError(str(exc)) from exc
+    if document is None:
+        raise ScenarioError(f"{path}:1:1: the file is empty; a scenario defines `name` and "
+                            "`schedule`")
+    try:
+        return ScenarioSpec.model_validate(document)
+    except ValidationError as exc:
+        raise ScenarioError(validation_problems(path, exc, lines)) from exc
+
+
+def find_scenario(name_or_path: str) -> Path:
+    """A path as given, else a scenario shipped with sloguard (`cpu`, `cache`, ...)."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    shipped = SCENARIO_DIR / f"{name_or_path}.yaml"
+    if shipped.exists():
+        return shipped
+    known = ", ".join(sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml")))
+    raise ScenarioError(f"{name_or_path}: no such file, and no shipped scenario of that name "
+                        f"(shipped: {known})")
+
+
+def timeline(spec: ScenarioSpec) -> tuple[list[Episode], float]:
+    """The episodes' times and the length of one way: quiet, episode, quiet, ..., quiet."""
+    episodes, t = [], spec.schedule.quiet
+    for item in spec.schedule.episodes:
+        episodes.append(Episode(item.antagonist, t, t + item.duration))
+        t += item.duration + spec.schedule.quiet
+    return episodes, t
+
+
+def shortened(spec: ScenarioSpec, quiet: float, episode: float,
+              episodes: int | None = None) -> ScenarioSpec:
+    """The same scenario with shorter periods, and maybe fewer episodes (`sloguard lab
+    --short`, the CI test)."""
+    kept = spec.schedule.episodes[:episodes] if episodes else spec.schedule.episodes
+    schedule = ScheduleSpec(quiet=quiet, episodes=[
+        EpisodeSpec(antagonist=e.antagonist, duration=episode) for e in kept])
+    return spec.model_copy(update={"schedule": schedule})
+
+
+def stress_args(antagonist: str, be: BeSpec) -> list[str]:
+    return [a.format(workers=be.workers, vm_bytes=be.vm_bytes) for a in ANTAGONISTS[antagonist]]

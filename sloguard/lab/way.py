@@ -1,0 +1,223 @@
+"""One way of a scenario: the LS service under load, the antagonists on schedule, the agent.
+
+The three ways of a scenario differ only in what runs beside the LS service: nothing
+(baseline), the antagonists with the agent in shadow mode (unguarded: it detects and proposes,
+changes nothing, so its detection delays are measured too), the antagonists with the agent
+acting (guarded). Each way starts from fresh cgroups and a fresh agent (no lever learnt in an
+earlier way carries over), and the schedule is anchored on one start time shared by the load
+generator and the antagonists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sloguard.lab.agent import BE_CGROUP, LS_CGROUP, LabAgent, free_port
+from sloguard.lab.antagonists import Antagonist, EpisodeRun, LabSetupError
+from sloguard.lab.cgroups import LabCgroup
+from sloguard.lab.kube import LabNode
+from sloguard.lab.scenario import ScenarioSpec, timeline
+
+PUSH_EVERY_S = 0.5
+Progress = Callable[[float, str], None]
+
+
+@dataclass
+class WayResult:
+    scenario: str
+    way: str
+    start_ns: int
+    seconds: float
+    episodes: list[EpisodeRun]
+    incidents: list[dict[str, Any]] = field(default_factory=list)
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    client: str = ""
+    push_errors: int = 0
+    records: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), dtype=np.int64))
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        np.save(directory / "records.npy", self.records)
+        data = asdict(self)
+        data.pop("records")
+        (directory / "way.json").write_text(json.dumps(data, indent=1))
+
+    @classmethod
+    def load(cls, directory: Path) -> WayResult:
+        data = json.loads((directory / "way.json").read_text())
+        data["episodes"] = [EpisodeRun(**e) for e in data["episodes"]]
+        return cls(**data, records=np.load(directory / "records.npy"))
+
+
+class Relay(threading.Thread):
+    """Reads the load generator's records; pushes each half second's latencies to the agent."""
+
+    def __init__(self, stdout: Any, agent: LabAgent | None) -> None:
+        super().__init__(daemon=True, name="lab-relay")
+        self.stdout = stdout
+        self.agent = agent
+        self.chunks: list[np.ndarray] = []
+        self.push_errors = 0
+        self._pending: list[np.ndarray] = []
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        pusher = threading.Thread(target=self._push_loop, daemon=True, name="lab-push")
+        pusher.start()
+        leftover = b""
+        while chunk := self.stdout.read1(1 << 16) if hasattr(self.stdout, "read1") else \
+                self.stdout.read(1 << 16):
+            data = leftover + chunk
+            usable = len(data) - len(data) % 24
+            leftover = data[usable:]
+            if usable:
+                records = np.frombuffer(data[:usable], dtype="<i8").reshape(-1, 3)
+                with self._lock:
+                    self.chunks.append(records)
+                    self._pending.append(records)
+        self._done.set()
+        pusher.join(timeout=5)
+
+    def _push_loop(self) -> None:
+        last = time.monotonic()
+        while not self._done.wait(PUSH_EVERY_S):
+            now = time.monotonic()
+            with self._lock:
+                pending, self._pending = self._pending, []
+            if self.agent is None or not pending:
+                last = now
+                continue
+            records = np.concatenate(pending)
+            answered = records[records[:, 2] >= 0]
+            latencies = ((answered[:, 2] - answered[:, 0]) / 1e6).round(4).tolist()
+            try:
+                for start in range(0, len(latencies), 10_000):
+                    self.agent.push(latencies[start:start + 10_000], now - last,
+                                    lost=int(len(records) - len(answered)) if start == 0 else 0)
+            except OSError:
+                self.push_errors += 1
+            last = now
+
+    def records(self) -> np.ndarray:
+        with self._lock:
+            if not self.chunks:
+                return np.zeros((0, 3), dtype=np.int64)
+            return np.concatenate(self.chunks).astype(np.int64)
+
+
+def start_redis(cgroup: LabCgroup, workdir: Path) -> tuple[subprocess.Popen, int]:
+    import shutil
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise LabSetupError("redis-server is not installed: apt-get install redis-server "
+                            "(or run scripts/lab-testenv.sh)")
+    port = free_port()
+    log = open(workdir / "redis.log", "ab")  # noqa: SIM115 - the child keeps it
+    proc = cgroup.spawn([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                         "--appendonly", "no", "--protected-mode", "yes"],
+                        stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return proc, port
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(
+                    f"redis-server did not start; see {workdir / 'redis.log'}") from None
+            time.sleep(0.05)
+
+
+def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
+            kubeconfig: str | None = None, lead_s: float = 3.0) -> WayResult:
+    workdir.mkdir(parents=True, exist_ok=True)
+    episodes, total = timeline(spec)
+    ls_cgroup, be_cgroup = LabCgroup(LS_CGROUP), LabCgroup(BE_CGROUP)
+    redis = agent = loadgen = None
+    node: LabNode | None = None
+    running: list[Antagonist] = []
+    try:
+        redis, port = start_redis(ls_cgroup, workdir)
+        if kubeconfig:
+            node = LabNode(kubeconfig, "sloguard-lab")
+        agent = LabAgent(workdir, guarded=(way == "guarded"), slo=spec.ls.slo,
+                         kubeconfig=kubeconfig, node="sloguard-lab")
+        agent.wait_ready()
+        start_ns = time.time_ns() + int(lead_s * 1e9)
+        loadgen = subprocess.Popen(
+            [sys.executable, "-m", "sloguard.lab.loadgen", "--port", str(port),
+             "--rate", str(spec.ls.rate), "--duration", str(total), "--keys", str(spec.ls.keys),
+             "--value-size", str(spec.ls.value_size), "--rt-priority", str(spec.ls.rt_priority),
+             "--start-ns", str(start_ns)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        relay = Relay(loadgen.stdout, agent)
+        relay.start()
+        runs: list[EpisodeRun] = []
+        for episode in episodes:
+            _sleep_until(start_ns + int(episode.start_s * 1e9), start_ns, total, way, progress)
+            if way == "baseline":  # the same periods, nothing run: the ground truth's shadow
+                _sleep_until(start_ns + int(episode.end_s * 1e9), start_ns, total, way,
+                             progress)
+                runs.append(EpisodeRun(episode.antagonist, start_ns + int(episode.start_s * 1e9),
+                                       start_ns + int(episode.end_s * 1e9), 0.0, 0))
+                continue
+            antagonist = Antagonist(episode.antagonist, episode.end_s - episode.start_s,
+                                    spec.be, be_cgroup, workdir)
+            running.append(antagonist)
+            _sleep_until(start_ns + int(episode.end_s * 1e9), start_ns, total, way, progress)
+            runs.append(antagonist.finish())
+            running.remove(antagonist)
+        _sleep_until(start_ns + int(total * 1e9), start_ns, total, way, progress)
+        _, err = loadgen.communicate(timeout=60)
+        relay.join(timeout=10)
+        if loadgen.returncode != 0:
+            raise RuntimeError(f"the load generator failed ({loadgen.returncode}): "
+                               f"{err.decode(errors='replace')[-2000:]}")
+        time.sleep(1.5)  # the agent's last evaluation of what was pushed
+        result = WayResult(spec.name, way, start_ns, total, runs,
+                           incidents=agent.incidents(), actions=agent.actions(),
+                           client=err.decode(errors="replace").strip().splitlines()[0],
+                           push_errors=relay.push_errors, records=relay.records())
+        result.save(workdir)
+        return result
+    finally:
+        for antagonist in running:
+            antagonist.kill()
+        if loadgen is not None and loadgen.poll() is None:
+            loadgen.kill()
+            loadgen.wait()
+        if agent is not None:
+            agent.stop()  # before the cgroups go: its last undo must find them
+        if redis is not None:
+            redis.kill()
+            redis.wait()
+        with contextlib.suppress(OSError):
+            be_cgroup.remove()
+        with contextlib.suppress(OSError):
+            ls_cgroup.remove()
+        if node is not None:
+            node.remove()
+
+
+def _sleep_until(deadline_ns: int, start_ns: int, total: float, way: str,
+                 progress: Progress) -> None:
+    while (left := deadline_ns - time.time_ns()) > 0:
+        time.sleep(min(0.5, left / 1e9))
+        done = max(0.0, (time.time_ns() - start_ns) / 1e9)
+        progress(min(1.0, done / total), way)

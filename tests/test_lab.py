@@ -1,0 +1,207 @@
+"""The interference lab: its parts against real redis, stress-ng and cgroups, and a short run of
+a whole scenario (three ways, the real agent) that asserts the direction of the effects."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from sloguard.cli import app
+from sloguard.lab.analysis import p99_timeline, way_stats
+from sloguard.lab.antagonists import EpisodeRun, bogo_ops
+from sloguard.lab.cgroups import LabCgroup
+from sloguard.lab.scenario import (
+    SCENARIO_DIR,
+    ScenarioError,
+    find_scenario,
+    load_scenario,
+    shortened,
+    timeline,
+)
+from sloguard.lab.way import WayResult, start_redis
+
+ROOT = os.geteuid() == 0
+HAVE_TOOLS = shutil.which("redis-server") is not None and shutil.which("stress-ng") is not None
+needs_lab = pytest.mark.skipif(
+    not (ROOT and HAVE_TOOLS),
+    reason="needs root, redis-server and stress-ng (scripts/lab-testenv.sh)")
+
+
+# -- scenarios ------------------------------------------------------------------------------
+
+def test_shipped_scenarios_load_and_cover_the_issue_antagonists() -> None:
+    names = {p.stem for p in SCENARIO_DIR.glob("*.yaml")}
+    assert {"cpu", "cache", "io", "vm"} <= names
+    for name in names:
+        spec = load_scenario(find_scenario(name))
+        episodes, total = timeline(spec)
+        assert spec.ways == ["baseline", "unguarded", "guarded"]
+        assert episodes[0].start_s == spec.schedule.quiet
+        assert total == pytest.approx(episodes[-1].end_s + spec.schedule.quiet)
+
+
+def test_a_broken_scenario_names_file_line_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: bad\nschedule:\n  quiet: 5s\n  episodes:\n"
+                    "    - {antagonist: gpu, duration: 10s}\n")
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(path)
+    assert f"{path}:5:" in str(caught.value)
+    assert "antagonist" in str(caught.value)
+    with pytest.raises(ScenarioError, match="shipped: .*cache"):
+        find_scenario("no-such-scenario")
+
+
+def test_short_variant_keeps_the_antagonists() -> None:
+    spec = shortened(load_scenario(find_scenario("io")), quiet=5, episode=7, episodes=1)
+    episodes, total = timeline(spec)
+    assert [(e.antagonist, e.start_s, e.end_s) for e in episodes] == [("io", 5, 12)]
+    assert total == 17
+
+
+# -- analysis on records whose answer is known ------------------------------------------------
+
+def _result(way: str, actions: list[dict] | None = None) -> WayResult:
+    start = 1_000_000_000_000
+    t = np.arange(0, 30, 0.001)  # one request per ms for 30 s
+    lat_ms = np.full(len(t), 0.1)
+    lat_ms[(t >= 10) & (t < 20) & (np.arange(len(t)) % 20 == 0)] = 5.0  # 5% slow in the episode
+    intended = start + (t * 1e9).astype(np.int64)
+    done = intended + (lat_ms * 1e6).astype(np.int64)
+    done[-40:] = -1  # never answered: 0.13%, so in the p999
+    records = np.stack([intended, intended + 1000, done], axis=1)
+    episode = EpisodeRun("cache", start + 10 * 10**9, start + 20 * 10**9,
+                         0.0 if way == "baseline" else 5000.0, 0)
+    incidents = [{"rule": "LSLatencyInterference", "fired_ns": start + 12 * 10**9}]
+    return WayResult("t", way, start, 30.0, [episode], incidents=incidents,
+                     actions=actions or [], records=records)
+
+
+def _action(t: float, kind: str, action: str = "apply", status: str = "done") -> dict:
+    return {"time_ns": 1_000_000_000_000 + int(t * 1e9), "kind": kind, "action": action,
+            "status": status, "reason": "", "detail": ""}
+
+
+def test_delays_quiet_actions_and_percentiles_from_known_records() -> None:
+    actions = [_action(12.0, "notify"), _action(12.5, "cpu_idle"), _action(24.0, "cpuset"),
+               _action(26.0, "cpu_idle", action="undo"), _action(5.0, "notify")]
+    stats = way_stats(_result("guarded", actions))
+    [episode] = stats.episodes
+    assert episode.fired_s == pytest.approx(2.0)
+    assert episode.first_action_s == pytest.approx(2.5)  # cpu_idle; notify is not mitigating
+    assert episode.first_action == "cpu_idle (done)"
+    # 24.0 is within the grace after the episode; the undo is not an alarm; 5.0 is
+    assert [(a["t"], a["kind"]) for a in stats.quiet_actions] == [(pytest.approx(5.0),
+                                                                   "notify")]
+    assert stats.unanswered == 40 and stats.p999_ms == float("inf")
+    assert stats.episode_p99_ms == pytest.approx(5.0, rel=0.01)  # 5% slow in the episode
+    assert stats.p50_ms == pytest.approx(0.1, rel=0.01)
+    assert stats.be_ops_per_s == pytest.approx(500.0)
+    starts, p99 = p99_timeline(_result("guarded"))
+    assert len(starts) == 30 and p99[15] == pytest.approx(5.0, rel=0.01)
+    assert p99[5] == pytest.approx(0.1, rel=0.01)
+
+
+def test_proposals_count_for_the_shadow_way_and_the_baseline_has_no_be() -> None:
+    stats = way_stats(_result("unguarded", [_action(13.0, "cpu_idle", status="proposed")]))
+    assert stats.episodes[0].first_action == "cpu_idle (proposed)"
+    assert way_stats(_result("baseline")).be_ops_per_s == 0.0
+
+
+def test_bogo_ops_read_from_stress_ng_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text("---\nmetrics:\n    - stressor: cpu\n      bogo-ops: 1995\n"
+                    "    - stressor: cache\n      bogo-ops: 5\n")
+    assert bogo_ops(path) == 2000.0
+    assert bogo_ops(tmp_path / "missing.yaml") == 0.0
+
+
+# -- real parts -------------------------------------------------------------------------------
+
+@needs_lab
+def test_spawned_process_is_in_the_cgroup_before_it_runs() -> None:
+    cgroup = LabCgroup(f"sloguard-labtest-{os.getpid()}/x")
+    try:
+        proc = cgroup.spawn(["cat", "/proc/self/cgroup"], stdout=subprocess.PIPE, text=True)
+        out, _ = proc.communicate(timeout=10)
+        lines = [line for line in out.splitlines() if ":cpu:" in line or ":memory:" in line]
+        assert lines and all(line.endswith(cgroup.rel) for line in lines), out
+    finally:
+        cgroup.remove()
+    assert not any(path.exists() for path in cgroup.paths())
+
+
+@needs_lab
+def test_load_generator_is_open_loop(tmp_path: Path) -> None:
+    """A server stalled for 300 ms: requests due during the stall count the wait (measured from
+    their intended time), and the client keeps to its schedule instead of waiting."""
+    cgroup = LabCgroup(f"sloguard-labtest-{os.getpid()}/ls")
+    redis, port = start_redis(cgroup, tmp_path)
+    try:
+        start_ns = time.time_ns() + int(1.5e9)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sloguard.lab.loadgen", "--port", str(port), "--rate", "2000",
+             "--duration", "3", "--start-ns", str(start_ns)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep((start_ns - time.time_ns()) / 1e9 + 1.0)
+        redis.send_signal(signal.SIGSTOP)
+        stalled_ns = time.time_ns()
+        time.sleep(0.3)
+        redis.send_signal(signal.SIGCONT)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert b"SCHED_FIFO" in err
+        records = np.frombuffer(out, dtype="<i8").reshape(-1, 3)
+        assert 5000 < len(records) < 7000  # Poisson at 2000/s for 3 s
+        assert (records[:, 2] >= 0).all()
+        lat_ms = (records[:, 2] - records[:, 0]) / 1e6
+        # due in the first 100 ms of the stall: waited at least the remaining ~200 ms
+        due = (records[:, 0] >= stalled_ns + 20_000_000) & (records[:, 0] < stalled_ns + 100e6)
+        assert due.sum() > 50
+        assert lat_ms[due].min() > 150
+        # sent on time although nothing came back: the send lag stays small
+        lag_ms = (records[due, 1] - records[due, 0]) / 1e6
+        assert np.percentile(lag_ms, 90) < 20
+    finally:
+        redis.kill()
+        redis.wait()
+        cgroup.remove()
+
+
+@needs_lab
+def test_short_lab_run_shows_the_guardrail_working(tmp_path: Path) -> None:
+    """`sloguard lab cache --short`: three ways with the real agent. Asserts directions only
+    (this machine is noisy): the antagonist hurts the LS tail, the guarded way acts during the
+    episode with a lever and hurts it less, nothing is done in quiet periods, BE still works."""
+    out = tmp_path / "lab"
+    result = CliRunner().invoke(app, ["lab", "cache", "--short", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = (out / "report.md").read_text()
+    assert (out / "lab-cache.png").stat().st_size > 10_000
+    assert "## Scenario `cache`" in report
+    ways = {w: way_stats(WayResult.load(out / "cache" / w))
+            for w in ("baseline", "unguarded", "guarded")}
+    base, unguarded, guarded = ways["baseline"], ways["unguarded"], ways["guarded"]
+    print({w: (s.episode_p99_ms, s.be_ops_per_s, [e.first_action_s for e in s.episodes])
+           for w, s in ways.items()})
+    assert unguarded.episode_p99_ms > 1.5 * base.episode_p99_ms
+    assert guarded.episode_p99_ms < unguarded.episode_p99_ms
+    [episode] = guarded.episodes
+    assert episode.first_action_s is not None and episode.first_action.endswith("(done)")
+    assert unguarded.episodes[0].first_action.endswith("(proposed)")
+    assert not any(s.quiet_actions for s in ways.values())
+    assert guarded.be_ops_per_s > 0.2 * unguarded.be_ops_per_s
+    applied = [a for a in guarded.actions if a["action"] == "apply" and a["status"] == "done"]
+    undone = [a for a in guarded.actions if a["action"] == "undo" and a["status"] == "done"]
+    assert applied and not LabCgroup("sloguard-lab/be").pids()
+    print("applied", [(a["kind"], round(a["t"], 1)) for a in applied],
+          "undone", [(a["kind"], round(a["t"], 1)) for a in undone])
