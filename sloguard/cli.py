@@ -384,7 +384,8 @@ def lab(
     lengths = {s.name: timeline(s)[1] for s in specs}  # seconds of one way
     fractions: dict[tuple[str, str], float] = {}
     with Progress(TextColumn("{task.description:24s}"), BarColumn(),
-                  TextColumn("{task.percentage:>3.0f}%"), TimeRemainingColumn()) as bar:
+                  TextColumn("{task.percentage:>3.0f}%"), TimeRemainingColumn(),
+                  refresh_per_second=1) as bar:
         task = bar.add_task("lab", total=session_seconds(specs))
 
         def progress(scenario: str, fraction: float, way: str) -> None:

@@ -133,12 +133,14 @@ class LabAgent:
         with urllib.request.urlopen(url, timeout=10) as response:
             return json.loads(response.read() or b"null")
 
-    def push(self, latencies_ms: list[float], interval_s: float, lost: int = 0) -> None:
-        """The LS service's latencies, as its own push to the agent on its node would be."""
+    def push_histogram(self, bounds_ms: list[float], counts: list[int], interval_s: float,
+                       lost: int = 0) -> None:
+        """The LS service's latencies, as its own push to the agent on its node would be: a
+        histogram (counts per bucket, the last above every bound); lost requests as errors."""
         body = json.dumps({"observations": [{
             "service": SERVICE, "class": "LS", "target": "lab-client",
-            "latency_ms": latencies_ms, "errors": lost, "interval_s": interval_s,
-            "requests": len(latencies_ms) + lost}]}).encode()
+            "histogram": {"bounds_ms": bounds_ms, "counts": counts}, "errors": lost,
+            "interval_s": interval_s, "requests": sum(counts) + lost}]}).encode()
         request = urllib.request.Request(
             self.base + "/api/v1/observations", data=body, method="POST",
             headers={"Authorization": f"Bearer {self.token}",

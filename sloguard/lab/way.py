@@ -31,6 +31,10 @@ from sloguard.lab.kube import LabNode
 from sloguard.lab.scenario import ScenarioSpec, timeline
 
 PUSH_EVERY_S = 0.5
+# Pushed as a histogram (as a service's metrics library would): 10 us to 10 s, 10% apart, so a
+# percentile read from it is within 10% of the raw one, and a push costs the node little (raw
+# values cost the agent and the relay tens of ms per push at 5000 requests/s)
+BOUNDS_MS = np.round(0.01 * 1.1 ** np.arange(146), 6)
 Progress = Callable[[float, str], None]
 
 
@@ -102,11 +106,12 @@ class Relay(threading.Thread):
                 continue
             records = np.concatenate(pending)
             answered = records[records[:, 2] >= 0]
-            latencies = ((answered[:, 2] - answered[:, 0]) / 1e6).round(4).tolist()
+            latency_ms = (answered[:, 2] - answered[:, 0]) / 1e6
+            counts = np.bincount(np.searchsorted(BOUNDS_MS, latency_ms, side="left"),
+                                 minlength=len(BOUNDS_MS) + 1)
             try:
-                for start in range(0, len(latencies), 10_000):
-                    self.agent.push(latencies[start:start + 10_000], now - last,
-                                    lost=int(len(records) - len(answered)) if start == 0 else 0)
+                self.agent.push_histogram(BOUNDS_MS.tolist(), counts.tolist(), now - last,
+                                          lost=int(len(records) - len(answered)))
             except OSError:
                 self.push_errors += 1
             last = now
