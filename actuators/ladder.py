@@ -2,9 +2,15 @@
 
 Per policy, the node climbs one rung at a time: rung k+1 is applied when an incident under that
 policy is still firing `after` seconds past rung k (the hold in which the previous lever had its
-chance to help). While any incident under the policy fires, nothing is undone. When none fires
-(the rule's own hysteresis and `recover_for` have passed), the rungs are undone in reverse order,
-one every `undo_hold`, so a returning interference finds most levers still in place.
+chance to help) and its condition crosses now. An incident whose condition has stopped crossing
+(`quiet_since_ns`: recovering through its rule's `recover_for`, or in the hysteresis band) may
+be recovering under the levers in force: while every incident under the policy is quiet, the
+ladder holds (nothing applied, nothing undone, no `repeat`), so no lever is stacked needlessly
+and the lever in force gets the credit when the episode ends. If the condition crosses again,
+the next rung follows at once when its `after` (still counted from the previous rung) is over.
+While any incident under the policy fires, nothing is undone. When none fires (the rule's own
+hysteresis and `recover_for` have passed), the rungs are undone in reverse order, one every
+`undo_hold`, so a returning interference finds most levers still in place.
 
 Safety, in one place:
 - dry-run (global `actuators.dry_run`, or per step) runs the same ladder in shadow mode: every
@@ -13,7 +19,9 @@ Safety, in one place:
 - what is in force is persisted (actuators/ledger.py) before the next tick, so a restart
   neither applies a rung twice nor forgets to undo one;
 - a failed step is recorded and retried with backoff; escalation goes on meanwhile (a dead API
-  server must not keep the node from protecting its LS pods with local levers);
+  server must not keep the node from protecting its LS pods with local levers); retries, and
+  rungs proposed in dry-run taken once dry-run is switched off, do not wait for a crossing:
+  they finish what the ladder had already decided;
 - the same lever held by two policies is lifted only when the last one lets go.
 """
 
@@ -75,6 +83,7 @@ class Ladder:
         self._undo_due: dict[str, int] = {}
         self._was_firing: set[str] = set()
         self._held: set[tuple[str, int]] = set()  # (policy, rung) held for stale evidence
+        self._quiet: set[tuple[str, int]] = set()  # (policy, rung) held while recovering
 
     # -- the engine's hooks ------------------------------------------------------------------
 
@@ -118,6 +127,9 @@ class Ladder:
             if name in self._was_firing:
                 self._was_firing.discard(name)
                 self._learn(name, rows)
+            # the next episode logs its holds again
+            self._held = {held for held in self._held if held[0] != name}
+            self._quiet = {held for held in self._quiet if held[0] != name}
             self._descend(name, policy, rows, now_ns)
 
     def _climb(self, policy: Policy, rows: list[RungState], firing: list[Incident],
@@ -127,7 +139,11 @@ class Ladder:
             order = self.lever_order()
             self.ledger.start_episode(policy.name, order, now_ns)
         rungs = policy.rungs(order)
-        driver = min(firing, key=lambda i: i.fired_ns or i.started_ns)
+        driver = self._driver(firing)
+        # Only a condition crossing now calls for more: a quiet one may be recovering under the
+        # levers in force, and another lever stacked on them would be needless and get the
+        # credit in `_learn`.
+        crossing = [i for i in firing if i.quiet_since_ns is None]
         self._undo_due.pop(policy.name, None)
         fresh = self._fresh(firing, now_ns, policy)
         for row in rows:  # failed rungs whose backoff is over
@@ -149,9 +165,9 @@ class Ladder:
             last = rows[-1]
             repeat = rungs[last.rung].spec.repeat if last.rung < len(rungs) else None
             latest = max(last.applied_ns, last.last_ns)
-            if repeat and last.status != FAILED and fresh and (
+            if repeat and last.status != FAILED and fresh and crossing and (
                     now_ns >= latest + int(repeat * 1e9)):
-                self._repeat(policy, rungs[last.rung], last, driver, now_ns,
+                self._repeat(policy, rungs[last.rung], last, self._driver(crossing), now_ns,
                              f"interference persists {repeat:g}s after the last "
                              f"{last.kind}: repeating it")
         k = rows[-1].rung + 1 if rows else 0
@@ -161,6 +177,16 @@ class Ladder:
         base = rows[-1].applied_ns if rows else min(i.fired_ns or i.started_ns for i in firing)
         if now_ns < base + int(rung.spec.after * 1e9):
             return
+        if not crossing:  # held, not restarted: the `after` above still counts from `base`
+            if (policy.name, k) not in self._quiet:
+                self._quiet.add((policy.name, k))
+                quiet_s = (now_ns - max(i.quiet_since_ns or now_ns for i in firing)) / 1e9
+                log.info("policy %s: holding before %s: no incident under it has crossed for "
+                         "%.0fs (recovering under what is in force)", policy.name,
+                         rung.spec.step, quiet_s)
+            return
+        self._quiet.discard((policy.name, k))
+        driver = self._driver(crossing)
         if rung.spec.step not in SAFE_WHEN_STALE and not fresh:
             if (policy.name, k) not in self._held:
                 self._held.add((policy.name, k))
@@ -173,6 +199,11 @@ class Ladder:
         reason = (f"{driver.rule} firing for {since:.0f}s; {previous}; rung {k + 1}/{len(rungs)} "
                   f"of policy {policy.name}")
         self._apply(policy, rung, driver, now_ns, 1, reason)
+
+    @staticmethod
+    def _driver(incidents: list[Incident]) -> Incident:
+        """The incident a rung is taken for: the one firing longest."""
+        return min(incidents, key=lambda i: i.fired_ns or i.started_ns)
 
     def _descend(self, name: str, policy: Policy | None, rows: list[RungState],
                  now_ns: int) -> None:

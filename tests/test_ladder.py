@@ -228,6 +228,104 @@ def test_a_new_firing_stops_the_descent_and_climbs_from_where_it_is(tmp_path):
     assert CALLS[-1] == ("apply", "cpuset", False)
 
 
+def test_a_recovering_incident_holds_the_climb_without_restarting_the_hold(tmp_path, caplog):
+    """Firing through `recover_for` after the signal came back under the lever in force: no
+    lever is stacked on it (the lever in force gets the credit), nothing is undone either, and
+    a relapse takes the next rung at once since its `after` ran meanwhile."""
+    import logging
+
+    h = Harness(tmp_path)
+    incident = h.incident(0)
+    for second in (0, 10, 15):
+        h.tick(second, [incident])
+    assert CALLS[-1] == ("apply", "cpu_idle", False)
+    incident.quiet_since_ns = T0 + 17 * S  # the LS signal recovered under cpu_idle
+    with caplog.at_level(logging.INFO, logger="sloguard.actuators.ladder"):
+        for second in (17, 20, 25, 30):
+            h.tick(second, [incident])
+    assert [c[1] for c in CALLS] == ["first", "second", "cpu_idle"]
+    assert [r.kind for r in h.ledger.rungs()] == ["mark", "mark", "lever_a"]
+    holds = [r for r in caplog.records if "holding before lever_b" in r.getMessage()]
+    assert len(holds) == 1 and holds[0].levelno == logging.INFO  # once, not every tick
+    assert "crossed for 3s" in holds[0].getMessage()
+    incident.quiet_since_ns = None  # it relapses: lever_b's 5 s ran out long ago
+    h.tick(31, [incident])
+    assert CALLS[-1] == ("apply", "cpuset", False)
+    h.tick(35, [incident])
+    assert len(CALLS) == 4  # the next rung counts from cpuset's application (31 s), not 15 s
+    h.tick(41, [incident])
+    assert CALLS[-1] == ("apply", "last", False)
+
+
+def test_a_quiet_episode_credits_the_lever_in_force_when_it_went_quiet(tmp_path):
+    h = Harness(tmp_path)
+    incident = h.incident(0)
+    for second in (0, 10, 15):
+        h.tick(second, [incident])
+    incident.quiet_since_ns = T0 + 16 * S
+    for second in (16, 20, 25):  # lever_b would have been due at 20 s
+        h.tick(second, [incident])
+    for second in (26, 36, 46, 56):
+        h.tick(second, [])
+    assert h.ledger.lever_stats() == {"lever_a": (1, 1)}
+    assert h.incidents.get("inc-1").annotations["lever_that_worked"] == "lever_a"
+
+
+def test_one_crossing_incident_is_enough_to_climb_and_takes_the_rung(tmp_path):
+    h = Harness(tmp_path)
+    quiet = h.incident(0)
+    h.tick(0, [quiet])
+    quiet.quiet_since_ns = T0 + 2 * S
+    crossing = Incident("inc-2", "g", "LSSlow", "ls", "critical", "node-a", FIRING,
+                        {"pod": "api"}, T0 + 5 * S, T0 + 5 * S, fired_ns=T0 + 5 * S,
+                        policy="guard")
+    h.incidents.save(crossing)
+    h.made.append(crossing)
+    h.tick(10, [quiet, crossing])
+    assert CALLS[-1] == ("apply", "second", False)
+    [_, second] = h.ledger.rungs()
+    assert second.incident == "inc-2"  # the rung was taken for the incident that called for it
+
+
+def test_repeat_waits_for_a_crossing_but_retries_and_dry_run_switched_off_do_not(tmp_path):
+    """Retries and rungs proposed in shadow mode finish what was decided while it crossed; a
+    repeat is more of the same lever, which a recovering signal does not call for."""
+    h = Harness(tmp_path, REPEATING)
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    incident.quiet_since_ns = T0 + 1 * S
+    h.tick(5, [incident])
+    h.tick(9, [incident])
+    assert CALLS == [("apply", "first", False)]  # no repeat while recovering
+    incident.quiet_since_ns = None
+    h.tick(10, [incident])
+    assert CALLS[-1] == ("apply", "first", False) and len(CALLS) == 2
+
+    (tmp_path / "retry").mkdir()
+    h = Harness(tmp_path / "retry")
+    CALLS.clear()
+    Mark.fail_times = 1
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    h.tick(10, [incident])  # "second" fails; retried from 15 s
+    incident.quiet_since_ns = T0 + 11 * S
+    h.tick(15, [incident])
+    assert CALLS[-1] == ("apply", "second", False)  # retried although quiet
+    assert ("apply", "cpu_idle", False) not in CALLS  # but not climbed
+
+    (tmp_path / "shadow").mkdir()
+    h = Harness(tmp_path / "shadow", dry_run=True)
+    CALLS.clear()
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    h.tick(10, [incident])
+    incident.quiet_since_ns = T0 + 11 * S
+    h.dry_run = False
+    h.open()
+    h.tick(16, [incident])
+    assert CALLS[2:] == [("apply", "first", False), ("apply", "second", False)]
+
+
 def test_stale_evidence_never_escalates_past_cordon(tmp_path):
     policy = POLICY.replace("params: {name: second}", "params: {name: second}\n"
                             "      - step: mark\n        after: 1s\n        params: {name: x}")
