@@ -1,8 +1,10 @@
 """The escalation ladder: one rung more while interference persists, back down on recovery.
 
-Per policy, the node climbs one rung at a time: rung k+1 is applied when an incident under that
+Per policy, the node climbs rung by rung: rung k+1 is applied when an incident under that
 policy is still firing `after` seconds past rung k (the hold in which the previous lever had its
-chance to help) and its condition crosses now. An incident whose condition has stopped crossing
+chance to help) and its condition crosses now. Rungs whose `after` is already over (`after: 0s`)
+follow in the same tick, except that a suppress step's levers go on one per tick at most: each
+lever gets its hold. An incident whose condition has stopped crossing
 (`quiet_since_ns`: recovering through its rule's `recover_for`, or in the hysteresis band) may
 be recovering under the levers in force: while every incident under the policy is quiet, the
 ladder holds (nothing applied, nothing undone, no `repeat`), so no lever is stacked needlessly
@@ -170,35 +172,49 @@ class Ladder:
                 self._repeat(policy, rungs[last.rung], last, self._driver(crossing), now_ns,
                              f"interference persists {repeat:g}s after the last "
                              f"{last.kind}: repeating it")
+        self._climb_rungs(policy, rungs, rows, firing, crossing, fresh, now_ns)
+
+    def _climb_rungs(self, policy: Policy, rungs: list[Rung], rows: list[RungState],
+                     firing: list[Incident], crossing: list[Incident], fresh: bool,
+                     now_ns: int) -> None:
+        """Apply every rung that is due now, not one per tick: with `after: 0s` the next rung
+        must not wait for the agent's next tick (the first lever is wanted within seconds of
+        firing). A suppress step's levers stay one per tick, since each lever needs its hold
+        to show an effect before the next goes on top of it."""
         k = rows[-1].rung + 1 if rows else 0
-        if k >= len(rungs):
-            return
-        rung = rungs[k]
         base = rows[-1].applied_ns if rows else min(i.fired_ns or i.started_ns for i in firing)
-        if now_ns < base + int(rung.spec.after * 1e9):
-            return
-        if not crossing:  # held, not restarted: the `after` above still counts from `base`
-            if (policy.name, k) not in self._quiet:
-                self._quiet.add((policy.name, k))
-                quiet_s = (now_ns - max(i.quiet_since_ns or now_ns for i in firing)) / 1e9
-                log.info("policy %s: holding before %s: no incident under it has crossed for "
-                         "%.0fs (recovering under what is in force)", policy.name,
-                         rung.spec.step, quiet_s)
-            return
-        self._quiet.discard((policy.name, k))
-        driver = self._driver(crossing)
-        if rung.spec.step not in SAFE_WHEN_STALE and not fresh:
-            if (policy.name, k) not in self._held:
-                self._held.add((policy.name, k))
-                log.warning("policy %s: holding before %s: no fresh evidence for %gs",
-                            policy.name, rung.spec.step, policy.spec.stale_after)
-            return
-        self._held.discard((policy.name, k))
-        since = (now_ns - (driver.fired_ns or driver.started_ns)) / 1e9
         previous = f"{rows[-1].kind} did not end it" if rows else "first rung"
-        reason = (f"{driver.rule} firing for {since:.0f}s; {previous}; rung {k + 1}/{len(rungs)} "
-                  f"of policy {policy.name}")
-        self._apply(policy, rung, driver, now_ns, 1, reason)
+        lever_groups: set[int] = set()  # suppress steps that had a lever applied in this tick
+        while k < len(rungs):
+            rung = rungs[k]
+            if now_ns < base + int(rung.spec.after * 1e9):
+                return
+            if rung.lever_group is not None and rung.lever_group in lever_groups:
+                return
+            if not crossing:  # held, not restarted: `after` still counts from `base`
+                if (policy.name, k) not in self._quiet:
+                    self._quiet.add((policy.name, k))
+                    quiet_s = (now_ns - max(i.quiet_since_ns or now_ns for i in firing)) / 1e9
+                    log.info("policy %s: holding before %s: no incident under it has crossed "
+                             "for %.0fs (recovering under what is in force)", policy.name,
+                             rung.spec.step, quiet_s)
+                return
+            self._quiet.discard((policy.name, k))
+            if rung.spec.step not in SAFE_WHEN_STALE and not fresh:
+                if (policy.name, k) not in self._held:
+                    self._held.add((policy.name, k))
+                    log.warning("policy %s: holding before %s: no fresh evidence for %gs",
+                                policy.name, rung.spec.step, policy.spec.stale_after)
+                return
+            self._held.discard((policy.name, k))
+            driver = self._driver(crossing)
+            since = (now_ns - (driver.fired_ns or driver.started_ns)) / 1e9
+            reason = (f"{driver.rule} firing for {since:.0f}s; {previous}; rung "
+                      f"{k + 1}/{len(rungs)} of policy {policy.name}")
+            self._apply(policy, rung, driver, now_ns, 1, reason)
+            if rung.lever_group is not None:
+                lever_groups.add(rung.lever_group)
+            base, previous, k = now_ns, f"right after {rung.spec.step}", k + 1
 
     @staticmethod
     def _driver(incidents: list[Incident]) -> Incident:

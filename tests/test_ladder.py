@@ -326,6 +326,52 @@ def test_repeat_waits_for_a_crossing_but_retries_and_dry_run_switched_off_do_not
     assert CALLS[2:] == [("apply", "first", False), ("apply", "second", False)]
 
 
+FAST = """\
+policies:
+  - name: guard
+    undo_hold: 10s
+    stale_after: 5s
+    steps:
+      - step: mark
+        params: {name: first}
+      - step: mark
+        params: {name: second}
+      - step: suppress
+        levers:
+          - step: lever_a
+          - step: lever_b
+      - step: mark
+        params: {name: last}
+"""
+
+
+def test_rungs_due_at_once_are_applied_in_the_same_tick_but_levers_one_per_tick(tmp_path):
+    h = Harness(tmp_path, FAST)
+    incident = h.incident(0)
+    h.tick(0, [incident])  # every `after` is 0: the first lever with the firing, not 3 ticks on
+    assert [c[1] for c in CALLS] == ["first", "second", "cpu_idle"]
+    h.tick(1, [incident])  # the next lever waits for the next tick; the rung after it does not
+    assert [c[1] for c in CALLS] == ["first", "second", "cpu_idle", "cpuset", "last"]
+    reasons = [e.reason for e in h.ledger.audit_log() if e.action == "apply"]
+    assert sum("right after mark" in r for r in reasons) == 2  # second and cpu_idle
+    assert sum("did not end it" in r for r in reasons) == 1  # cpuset
+
+
+def test_a_chain_of_rungs_stops_where_a_hold_applies(tmp_path):
+    h = Harness(tmp_path, FAST.replace("      - step: suppress\n",
+                                       "      - step: suppress\n        after: 2s\n"))
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    assert [c[1] for c in CALLS] == ["first", "second"]  # the suppress step waits its 2 s
+    (tmp_path / "quiet").mkdir()
+    h = Harness(tmp_path / "quiet", FAST)
+    CALLS.clear()
+    incident = h.incident(0)
+    incident.quiet_since_ns = T0
+    h.tick(0, [incident])
+    assert CALLS == []  # fired on an evaluation that did not cross: nothing yet
+
+
 def test_stale_evidence_never_escalates_past_cordon(tmp_path):
     policy = POLICY.replace("params: {name: second}", "params: {name: second}\n"
                             "      - step: mark\n        after: 1s\n        params: {name: x}")
