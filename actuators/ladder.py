@@ -266,7 +266,7 @@ class Ladder:
             else 0
         self.ledger.put(RungState(
             policy.name, rung.index, spec.step, result.status, incident.id, dry_run,
-            result.undo, first_ns or now_ns, attempts, retry_ns, spec.model_dump(),
+            result.undo, first_ns or now_ns, attempts, retry_ns, spec.record(),
             result.target, now_ns))
         self._record(incident, policy.name, rung.index, spec.step, "apply", dry_run, result,
                      reason, now_ns)
@@ -286,7 +286,7 @@ class Ladder:
         strength = {DONE: 2, PROPOSED: 1}
         if strength.get(result.status, 0) >= max(strength.get(row.status, 0), 1):
             row.status, row.undo, row.target = result.status, result.undo, result.target
-            row.incident, row.dry_run, row.spec = incident.id, dry_run, spec.model_dump()
+            row.incident, row.dry_run, row.spec = incident.id, dry_run, spec.record()
         row.last_ns = now_ns
         self.ledger.put(row)
         self._record(incident, policy.name, rung.index, spec.step, "apply", dry_run, result,

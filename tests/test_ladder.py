@@ -10,6 +10,7 @@ import textwrap
 from typing import Any, ClassVar
 
 import pytest
+import yaml
 
 from sloguard.actuators.env import ActuatorEnv
 from sloguard.actuators.kinds import StepFactory
@@ -370,6 +371,70 @@ def test_a_chain_of_rungs_stops_where_a_hold_applies(tmp_path):
     incident.quiet_since_ns = T0
     h.tick(0, [incident])
     assert CALLS == []  # fired on an evaluation that did not cross: nothing yet
+
+
+HOLDING = POLICY.replace("      - step: suppress\n        after: 5s\n",
+                         "      - step: suppress\n        after: 5s\n        hold: 2s\n")
+
+
+def test_a_suppress_step_waits_after_before_its_first_lever_and_hold_between_levers(tmp_path):
+    from sloguard.actuators.policy import Policy, PolicySpec
+
+    h = Harness(tmp_path, HOLDING)
+    incident = h.incident(0)
+    for second in (0, 10, 14):
+        h.tick(second, [incident])
+    assert [c[1] for c in CALLS] == ["first", "second"]
+    h.tick(15, [incident])  # the step's `after`: 5 s after "second"
+    h.tick(16, [incident])
+    assert CALLS[-1] == ("apply", "cpu_idle", False)
+    h.tick(17, [incident])  # `hold`: 2 s after cpu_idle
+    assert CALLS[-1] == ("apply", "cpuset", False)
+
+    def afters(levers: str, order: list[str] | None = None, hold: str = "hold: 2s") -> list:
+        spec = PolicySpec.model_validate(yaml.safe_load(textwrap.dedent(f"""\
+            name: p
+            steps:
+              - step: mark
+              - step: suppress
+                after: 5s
+                {hold}
+                levers: {levers}
+        """)))
+        return [(r.spec.step, r.spec.after) for r in Policy(spec, "x").rungs(order)[1:]]
+
+    three = "[{step: lever_a}, {step: lever_b}, {step: lever_c}]"
+    assert afters(three) == [("lever_a", 5), ("lever_b", 2), ("lever_c", 2)]
+    assert afters(three, hold="") == [("lever_a", 5), ("lever_b", 5), ("lever_c", 5)]
+    # a lever's own `after` wins, 0 included (`lever.after or ...` once took 0 for unset)
+    own = "[{step: lever_a, after: 0s}, {step: lever_b, after: 0s}, {step: lever_c, after: 9s}]"
+    assert afters(own) == [("lever_a", 0), ("lever_b", 0), ("lever_c", 9)]
+    # the first lever is the first tried here: after a learned reordering too
+    assert afters(three, ["lever_c"]) == [("lever_c", 5), ("lever_a", 2), ("lever_b", 2)]
+
+
+def test_hold_is_only_for_a_suppress_step(tmp_path):
+    path = tmp_path / "bad.yaml"
+    for where, at in (
+            ("- step: mark\n  hold: 2s\n", "4:9: policies.0.steps.0: only a suppress step has "
+                                            "`hold` (the time each of its levers is given); "
+                                            "mark waits only its `after`"),
+            ("- step: suppress\n  levers:\n    - step: lever_a\n      hold: 2s\n",
+             "6:13: policies.0.steps.0.levers.0: only a suppress step has `hold`")):
+        path.write_text("policies:\n  - name: a\n    steps:\n" + textwrap.indent(where, " " * 6))
+        with pytest.raises(PolicyFileError) as caught:
+            load_policy_file(path)
+        assert f"{path}:{at}" in str(caught.value), str(caught.value)
+
+
+def test_rungs_in_force_are_recorded_without_hold(tmp_path):
+    """An agent rolled back to a version without `hold` must still be able to undo them."""
+    h = Harness(tmp_path, HOLDING)
+    incident = h.incident(0)
+    for second in (0, 10, 15):
+        h.tick(second, [incident])
+    assert all("hold" not in row.spec for row in h.ledger.rungs())
+    assert [r.kind for r in h.ledger.rungs()] == ["mark", "mark", "lever_a"]
 
 
 def test_stale_evidence_never_escalates_past_cordon(tmp_path):
