@@ -1,10 +1,18 @@
 """The escalation ladder: one rung more while interference persists, back down on recovery.
 
-Per policy, the node climbs one rung at a time: rung k+1 is applied when an incident under that
+Per policy, the node climbs rung by rung: rung k+1 is applied when an incident under that
 policy is still firing `after` seconds past rung k (the hold in which the previous lever had its
-chance to help). While any incident under the policy fires, nothing is undone. When none fires
-(the rule's own hysteresis and `recover_for` have passed), the rungs are undone in reverse order,
-one every `undo_hold`, so a returning interference finds most levers still in place.
+chance to help) and its condition crosses now. Rungs whose `after` is already over (`after: 0s`)
+follow in the same tick, except that a suppress step's levers go on one per tick at most: each
+lever gets its hold. An incident whose condition has stopped crossing
+(`quiet_since_ns`: recovering through its rule's `recover_for`, or in the hysteresis band) may
+be recovering under the levers in force: while every incident under the policy is quiet, the
+ladder holds (nothing applied, nothing undone, no `repeat`), so no lever is stacked needlessly
+and the lever in force gets the credit when the episode ends. If the condition crosses again,
+the next rung follows at once when its `after` (still counted from the previous rung) is over.
+While any incident under the policy fires, nothing is undone. When none fires (the rule's own
+hysteresis and `recover_for` have passed), the rungs are undone in reverse order, one every
+`undo_hold`, so a returning interference finds most levers still in place.
 
 Safety, in one place:
 - dry-run (global `actuators.dry_run`, or per step) runs the same ladder in shadow mode: every
@@ -13,7 +21,9 @@ Safety, in one place:
 - what is in force is persisted (actuators/ledger.py) before the next tick, so a restart
   neither applies a rung twice nor forgets to undo one;
 - a failed step is recorded and retried with backoff; escalation goes on meanwhile (a dead API
-  server must not keep the node from protecting its LS pods with local levers);
+  server must not keep the node from protecting its LS pods with local levers); retries, and
+  rungs proposed in dry-run taken once dry-run is switched off, do not wait for a crossing:
+  they finish what the ladder had already decided;
 - the same lever held by two policies is lifted only when the last one lets go.
 """
 
@@ -75,6 +85,7 @@ class Ladder:
         self._undo_due: dict[str, int] = {}
         self._was_firing: set[str] = set()
         self._held: set[tuple[str, int]] = set()  # (policy, rung) held for stale evidence
+        self._quiet: set[tuple[str, int]] = set()  # (policy, rung) held while recovering
 
     # -- the engine's hooks ------------------------------------------------------------------
 
@@ -118,6 +129,9 @@ class Ladder:
             if name in self._was_firing:
                 self._was_firing.discard(name)
                 self._learn(name, rows)
+            # the next episode logs its holds again
+            self._held = {held for held in self._held if held[0] != name}
+            self._quiet = {held for held in self._quiet if held[0] != name}
             self._descend(name, policy, rows, now_ns)
 
     def _climb(self, policy: Policy, rows: list[RungState], firing: list[Incident],
@@ -127,7 +141,11 @@ class Ladder:
             order = self.lever_order()
             self.ledger.start_episode(policy.name, order, now_ns)
         rungs = policy.rungs(order)
-        driver = min(firing, key=lambda i: i.fired_ns or i.started_ns)
+        driver = self._driver(firing)
+        # Only a condition crossing now calls for more: a quiet one may be recovering under the
+        # levers in force, and another lever stacked on them would be needless and get the
+        # credit in `_learn`.
+        crossing = [i for i in firing if i.quiet_since_ns is None]
         self._undo_due.pop(policy.name, None)
         fresh = self._fresh(firing, now_ns, policy)
         for row in rows:  # failed rungs whose backoff is over
@@ -149,30 +167,59 @@ class Ladder:
             last = rows[-1]
             repeat = rungs[last.rung].spec.repeat if last.rung < len(rungs) else None
             latest = max(last.applied_ns, last.last_ns)
-            if repeat and last.status != FAILED and fresh and (
+            if repeat and last.status != FAILED and fresh and crossing and (
                     now_ns >= latest + int(repeat * 1e9)):
-                self._repeat(policy, rungs[last.rung], last, driver, now_ns,
+                self._repeat(policy, rungs[last.rung], last, self._driver(crossing), now_ns,
                              f"interference persists {repeat:g}s after the last "
                              f"{last.kind}: repeating it")
+        self._climb_rungs(policy, rungs, rows, firing, crossing, fresh, now_ns)
+
+    def _climb_rungs(self, policy: Policy, rungs: list[Rung], rows: list[RungState],
+                     firing: list[Incident], crossing: list[Incident], fresh: bool,
+                     now_ns: int) -> None:
+        """Apply every rung that is due now, not one per tick: with `after: 0s` the next rung
+        must not wait for the agent's next tick (the first lever is wanted within seconds of
+        firing). A suppress step's levers stay one per tick, since each lever needs its hold
+        to show an effect before the next goes on top of it."""
         k = rows[-1].rung + 1 if rows else 0
-        if k >= len(rungs):
-            return
-        rung = rungs[k]
         base = rows[-1].applied_ns if rows else min(i.fired_ns or i.started_ns for i in firing)
-        if now_ns < base + int(rung.spec.after * 1e9):
-            return
-        if rung.spec.step not in SAFE_WHEN_STALE and not fresh:
-            if (policy.name, k) not in self._held:
-                self._held.add((policy.name, k))
-                log.warning("policy %s: holding before %s: no fresh evidence for %gs",
-                            policy.name, rung.spec.step, policy.spec.stale_after)
-            return
-        self._held.discard((policy.name, k))
-        since = (now_ns - (driver.fired_ns or driver.started_ns)) / 1e9
         previous = f"{rows[-1].kind} did not end it" if rows else "first rung"
-        reason = (f"{driver.rule} firing for {since:.0f}s; {previous}; rung {k + 1}/{len(rungs)} "
-                  f"of policy {policy.name}")
-        self._apply(policy, rung, driver, now_ns, 1, reason)
+        lever_groups: set[int] = set()  # suppress steps that had a lever applied in this tick
+        while k < len(rungs):
+            rung = rungs[k]
+            if now_ns < base + int(rung.spec.after * 1e9):
+                return
+            if rung.lever_group is not None and rung.lever_group in lever_groups:
+                return
+            if not crossing:  # held, not restarted: `after` still counts from `base`
+                if (policy.name, k) not in self._quiet:
+                    self._quiet.add((policy.name, k))
+                    quiet_s = (now_ns - max(i.quiet_since_ns or now_ns for i in firing)) / 1e9
+                    log.info("policy %s: holding before %s: no incident under it has crossed "
+                             "for %.0fs (recovering under what is in force)", policy.name,
+                             rung.spec.step, quiet_s)
+                return
+            self._quiet.discard((policy.name, k))
+            if rung.spec.step not in SAFE_WHEN_STALE and not fresh:
+                if (policy.name, k) not in self._held:
+                    self._held.add((policy.name, k))
+                    log.warning("policy %s: holding before %s: no fresh evidence for %gs",
+                                policy.name, rung.spec.step, policy.spec.stale_after)
+                return
+            self._held.discard((policy.name, k))
+            driver = self._driver(crossing)
+            since = (now_ns - (driver.fired_ns or driver.started_ns)) / 1e9
+            reason = (f"{driver.rule} firing for {since:.0f}s; {previous}; rung "
+                      f"{k + 1}/{len(rungs)} of policy {policy.name}")
+            self._apply(policy, rung, driver, now_ns, 1, reason)
+            if rung.lever_group is not None:
+                lever_groups.add(rung.lever_group)
+            base, previous, k = now_ns, f"right after {rung.spec.step}", k + 1
+
+    @staticmethod
+    def _driver(incidents: list[Incident]) -> Incident:
+        """The incident a rung is taken for: the one firing longest."""
+        return min(incidents, key=lambda i: i.fired_ns or i.started_ns)
 
     def _descend(self, name: str, policy: Policy | None, rows: list[RungState],
                  now_ns: int) -> None:
@@ -219,7 +266,7 @@ class Ladder:
             else 0
         self.ledger.put(RungState(
             policy.name, rung.index, spec.step, result.status, incident.id, dry_run,
-            result.undo, first_ns or now_ns, attempts, retry_ns, spec.model_dump(),
+            result.undo, first_ns or now_ns, attempts, retry_ns, spec.record(),
             result.target, now_ns))
         self._record(incident, policy.name, rung.index, spec.step, "apply", dry_run, result,
                      reason, now_ns)
@@ -239,7 +286,7 @@ class Ladder:
         strength = {DONE: 2, PROPOSED: 1}
         if strength.get(result.status, 0) >= max(strength.get(row.status, 0), 1):
             row.status, row.undo, row.target = result.status, result.undo, result.target
-            row.incident, row.dry_run, row.spec = incident.id, dry_run, spec.model_dump()
+            row.incident, row.dry_run, row.spec = incident.id, dry_run, spec.record()
         row.last_ns = now_ns
         self.ledger.put(row)
         self._record(incident, policy.name, rung.index, spec.step, "apply", dry_run, result,

@@ -12,10 +12,12 @@
             after: 30s
             params: {percent: 50}
           - step: suppress      # levers tried one by one, each verified on the LS signal
-            after: 15s          # hold after each lever before trying the next
-            levers:
+            after: 15s          # before the first lever
+            hold: 15s           # each lever's time to show an effect before the next (default:
+            levers:             # `after`)
               - step: cpu_idle
               - step: cpuset
+                after: 5s       # a lever's own `after`, even 0s, overrides both
               - step: cpu_quota
               - step: memory_limit
           - step: resctrl
@@ -51,7 +53,12 @@ class StepSpec(BaseModel):
     step: str = Field(description="step kind: notify, cordon, reduce_capacity, cpu_idle, cpuset, "
                                   "cpu_quota, memory_limit, resctrl, evict, or suppress")
     after: Duration = Field(0.0, description="how long interference must persist since the "
-                                             "previous step (or since firing) before this one")
+                                             "previous step (or since firing) before this one "
+                                             "(suppress: before its first lever)")
+    hold: Duration | None = Field(
+        None, description="suppress only: the time each lever is given before the next is "
+                          "tried (default: the step's `after`); a lever's own `after` overrides "
+                          "it")
     dry_run: bool = Field(False, description="shadow mode for this step, whatever the global "
                                              "actuators.dry_run says")
     repeat: Duration | None = Field(
@@ -64,6 +71,9 @@ class StepSpec(BaseModel):
 
     @model_validator(mode="after")
     def _levers(self) -> StepSpec:
+        if self.hold is not None and self.step != SUPPRESS:
+            raise ValueError(f"only a suppress step has `hold` (the time each of its levers is "
+                             f"given); {self.step} waits only its `after`")
         if self.step == SUPPRESS:
             if not self.levers:
                 raise ValueError("suppress needs `levers`")
@@ -72,6 +82,12 @@ class StepSpec(BaseModel):
         elif self.levers:
             raise ValueError("only a suppress step has levers")
         return self
+
+    def record(self) -> dict[str, Any]:
+        """The rung as the ledger keeps it. A rung is never a suppress step, so `hold` is
+        left out: an agent rolled back to a version without it can still undo what is in
+        force."""
+        return self.model_dump(exclude={"hold"} if self.hold is None else None)
 
 
 class PolicySpec(BaseModel):
@@ -113,7 +129,12 @@ class Policy:
 
     def rungs(self, lever_order: list[str] | None = None) -> list[Rung]:
         """The policy's steps flattened; levers ordered by `lever_order` (kinds that worked
-        on this node first), else as written."""
+        on this node first), else as written.
+
+        A lever's `after` is its own when written (0s included: the lever is wanted at once);
+        else the step's `after` for the first lever tried, which waits on the rung before the
+        step, and the step's `hold` (default: its `after`) for each following lever, which
+        waits on the lever before it."""
         out: list[Rung] = []
         for position, spec in enumerate(self.spec.steps):
             if spec.step != SUPPRESS:
@@ -123,8 +144,13 @@ class Policy:
             if lever_order:
                 rank = {kind: i for i, kind in enumerate(lever_order)}
                 levers.sort(key=lambda lever: rank.get(lever.step, len(rank)))
-            for lever in levers:
-                after = lever.after or spec.after
+            for n, lever in enumerate(levers):
+                if "after" in lever.model_fields_set:
+                    after = lever.after
+                elif n == 0 or spec.hold is None:
+                    after = spec.after
+                else:
+                    after = spec.hold
                 merged = lever.model_copy(update={"after": after,
                                                   "dry_run": lever.dry_run or spec.dry_run})
                 out.append(Rung(len(out), merged, lever_group=position))

@@ -332,7 +332,7 @@ class Engine:
                 incident = self._open(rule, series, shown, verdict.threshold, now_ns,
                                       verdict.note, verdict.change_ns)
                 state = self.states[key] = AlertState(incident)
-                self._maybe_fire(rule, state, shown, now_ns, history)
+                self._maybe_fire(rule, state, shown, now_ns, history, crossed=True)
             return
         incident = state.incident
         if incident.state == PENDING:
@@ -341,12 +341,18 @@ class Engine:
             if verdict.crossed or (history is not None and any(history)):
                 incident.add_evidence(Evidence(now_ns, shown, verdict.threshold, verdict.note,
                                                verdict.change_ns))
-                self._maybe_fire(rule, state, shown, now_ns, history)
+                self._maybe_fire(rule, state, shown, now_ns, history, crossed=verdict.crossed)
             else:
                 del self.states[key]
                 self._unsaved.pop(incident.id, None)
                 self.incidents.delete(incident.id)
             return
+        quieted = False
+        if verdict.crossed:
+            incident.quiet_since_ns = None
+        elif incident.quiet_since_ns is None:  # the first evaluation in the band or recovering
+            incident.quiet_since_ns = now_ns
+            quieted = True
         if not verdict.recovered:  # firing, or back above the recover bound: hold restarts
             state.recover_since_ns = None
             incident.add_evidence(Evidence(now_ns, shown, verdict.threshold, verdict.note,
@@ -361,6 +367,9 @@ class Engine:
             incident.add_evidence(Evidence(now_ns, shown, verdict.threshold, note))
             del self.states[key]
             self._resolve(incident, now_ns, note)
+        elif quieted:  # the ladder reads the live object, the UI and the forwarder the store
+            incident.updated_ns = now_ns
+            self._save(incident)
 
     def _open(
         self, rule: LoadedRule, series: SeriesKey, value: float | None,
@@ -391,7 +400,9 @@ class Engine:
         return incident
 
     def _maybe_fire(self, rule: LoadedRule, state: AlertState, value: float | None,
-                    now_ns: int, history: deque[bool] | None) -> None:
+                    now_ns: int, history: deque[bool] | None, crossed: bool) -> None:
+        """Fire once `for` (and `for_evaluations`) allow. With `for_evaluations` that can be on
+        an evaluation that did not cross: the incident then fires already quiet."""
         incident = state.incident
         incident.updated_ns = now_ns
         counted = rule.spec.for_evaluations
@@ -400,6 +411,7 @@ class Engine:
             _annotate(incident, rule, value, incident.evidence[0].threshold)
             incident.state = FIRING
             incident.fired_ns = now_ns
+            incident.quiet_since_ns = None if crossed else now_ns
             incident.actions.extend(self.actuator.on_firing(incident, now_ns))
             log.warning("incident %s firing: %s", incident.id, incident.summary)
         self._save(incident)

@@ -63,6 +63,10 @@ class Incident:
     updated_ns: int
     fired_ns: int | None = None
     resolved_ns: int | None = None
+    # Firing, but the condition has not crossed since then (recovering, or in the hysteresis
+    # band); None while the latest evaluation crossed. The ladder climbs only while it is None:
+    # a signal that recovered under the last lever must not have another stacked on it.
+    quiet_since_ns: int | None = None
     summary: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)

@@ -10,6 +10,7 @@ import textwrap
 from typing import Any, ClassVar
 
 import pytest
+import yaml
 
 from sloguard.actuators.env import ActuatorEnv
 from sloguard.actuators.kinds import StepFactory
@@ -226,6 +227,214 @@ def test_a_new_firing_stops_the_descent_and_climbs_from_where_it_is(tmp_path):
     h.tick(24, [again])
     h.tick(25, [again])  # and the climb resumes from there
     assert CALLS[-1] == ("apply", "cpuset", False)
+
+
+def test_a_recovering_incident_holds_the_climb_without_restarting_the_hold(tmp_path, caplog):
+    """Firing through `recover_for` after the signal came back under the lever in force: no
+    lever is stacked on it (the lever in force gets the credit), nothing is undone either, and
+    a relapse takes the next rung at once since its `after` ran meanwhile."""
+    import logging
+
+    h = Harness(tmp_path)
+    incident = h.incident(0)
+    for second in (0, 10, 15):
+        h.tick(second, [incident])
+    assert CALLS[-1] == ("apply", "cpu_idle", False)
+    incident.quiet_since_ns = T0 + 17 * S  # the LS signal recovered under cpu_idle
+    with caplog.at_level(logging.INFO, logger="sloguard.actuators.ladder"):
+        for second in (17, 20, 25, 30):
+            h.tick(second, [incident])
+    assert [c[1] for c in CALLS] == ["first", "second", "cpu_idle"]
+    assert [r.kind for r in h.ledger.rungs()] == ["mark", "mark", "lever_a"]
+    holds = [r for r in caplog.records if "holding before lever_b" in r.getMessage()]
+    assert len(holds) == 1 and holds[0].levelno == logging.INFO  # once, not every tick
+    assert "crossed for 3s" in holds[0].getMessage()
+    incident.quiet_since_ns = None  # it relapses: lever_b's 5 s ran out long ago
+    h.tick(31, [incident])
+    assert CALLS[-1] == ("apply", "cpuset", False)
+    h.tick(35, [incident])
+    assert len(CALLS) == 4  # the next rung counts from cpuset's application (31 s), not 15 s
+    h.tick(41, [incident])
+    assert CALLS[-1] == ("apply", "last", False)
+
+
+def test_a_quiet_episode_credits_the_lever_in_force_when_it_went_quiet(tmp_path):
+    h = Harness(tmp_path)
+    incident = h.incident(0)
+    for second in (0, 10, 15):
+        h.tick(second, [incident])
+    incident.quiet_since_ns = T0 + 16 * S
+    for second in (16, 20, 25):  # lever_b would have been due at 20 s
+        h.tick(second, [incident])
+    for second in (26, 36, 46, 56):
+        h.tick(second, [])
+    assert h.ledger.lever_stats() == {"lever_a": (1, 1)}
+    assert h.incidents.get("inc-1").annotations["lever_that_worked"] == "lever_a"
+
+
+def test_one_crossing_incident_is_enough_to_climb_and_takes_the_rung(tmp_path):
+    h = Harness(tmp_path)
+    quiet = h.incident(0)
+    h.tick(0, [quiet])
+    quiet.quiet_since_ns = T0 + 2 * S
+    crossing = Incident("inc-2", "g", "LSSlow", "ls", "critical", "node-a", FIRING,
+                        {"pod": "api"}, T0 + 5 * S, T0 + 5 * S, fired_ns=T0 + 5 * S,
+                        policy="guard")
+    h.incidents.save(crossing)
+    h.made.append(crossing)
+    h.tick(10, [quiet, crossing])
+    assert CALLS[-1] == ("apply", "second", False)
+    [_, second] = h.ledger.rungs()
+    assert second.incident == "inc-2"  # the rung was taken for the incident that called for it
+
+
+def test_repeat_waits_for_a_crossing_but_retries_and_dry_run_switched_off_do_not(tmp_path):
+    """Retries and rungs proposed in shadow mode finish what was decided while it crossed; a
+    repeat is more of the same lever, which a recovering signal does not call for."""
+    h = Harness(tmp_path, REPEATING)
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    incident.quiet_since_ns = T0 + 1 * S
+    h.tick(5, [incident])
+    h.tick(9, [incident])
+    assert CALLS == [("apply", "first", False)]  # no repeat while recovering
+    incident.quiet_since_ns = None
+    h.tick(10, [incident])
+    assert CALLS[-1] == ("apply", "first", False) and len(CALLS) == 2
+
+    (tmp_path / "retry").mkdir()
+    h = Harness(tmp_path / "retry")
+    CALLS.clear()
+    Mark.fail_times = 1
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    h.tick(10, [incident])  # "second" fails; retried from 15 s
+    incident.quiet_since_ns = T0 + 11 * S
+    h.tick(15, [incident])
+    assert CALLS[-1] == ("apply", "second", False)  # retried although quiet
+    assert ("apply", "cpu_idle", False) not in CALLS  # but not climbed
+
+    (tmp_path / "shadow").mkdir()
+    h = Harness(tmp_path / "shadow", dry_run=True)
+    CALLS.clear()
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    h.tick(10, [incident])
+    incident.quiet_since_ns = T0 + 11 * S
+    h.dry_run = False
+    h.open()
+    h.tick(16, [incident])
+    assert CALLS[2:] == [("apply", "first", False), ("apply", "second", False)]
+
+
+FAST = """\
+policies:
+  - name: guard
+    undo_hold: 10s
+    stale_after: 5s
+    steps:
+      - step: mark
+        params: {name: first}
+      - step: mark
+        params: {name: second}
+      - step: suppress
+        levers:
+          - step: lever_a
+          - step: lever_b
+      - step: mark
+        params: {name: last}
+"""
+
+
+def test_rungs_due_at_once_are_applied_in_the_same_tick_but_levers_one_per_tick(tmp_path):
+    h = Harness(tmp_path, FAST)
+    incident = h.incident(0)
+    h.tick(0, [incident])  # every `after` is 0: the first lever with the firing, not 3 ticks on
+    assert [c[1] for c in CALLS] == ["first", "second", "cpu_idle"]
+    h.tick(1, [incident])  # the next lever waits for the next tick; the rung after it does not
+    assert [c[1] for c in CALLS] == ["first", "second", "cpu_idle", "cpuset", "last"]
+    reasons = [e.reason for e in h.ledger.audit_log() if e.action == "apply"]
+    assert sum("right after mark" in r for r in reasons) == 2  # second and cpu_idle
+    assert sum("did not end it" in r for r in reasons) == 1  # cpuset
+
+
+def test_a_chain_of_rungs_stops_where_a_hold_applies(tmp_path):
+    h = Harness(tmp_path, FAST.replace("      - step: suppress\n",
+                                       "      - step: suppress\n        after: 2s\n"))
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    assert [c[1] for c in CALLS] == ["first", "second"]  # the suppress step waits its 2 s
+    (tmp_path / "quiet").mkdir()
+    h = Harness(tmp_path / "quiet", FAST)
+    CALLS.clear()
+    incident = h.incident(0)
+    incident.quiet_since_ns = T0
+    h.tick(0, [incident])
+    assert CALLS == []  # fired on an evaluation that did not cross: nothing yet
+
+
+HOLDING = POLICY.replace("      - step: suppress\n        after: 5s\n",
+                         "      - step: suppress\n        after: 5s\n        hold: 2s\n")
+
+
+def test_a_suppress_step_waits_after_before_its_first_lever_and_hold_between_levers(tmp_path):
+    from sloguard.actuators.policy import Policy, PolicySpec
+
+    h = Harness(tmp_path, HOLDING)
+    incident = h.incident(0)
+    for second in (0, 10, 14):
+        h.tick(second, [incident])
+    assert [c[1] for c in CALLS] == ["first", "second"]
+    h.tick(15, [incident])  # the step's `after`: 5 s after "second"
+    h.tick(16, [incident])
+    assert CALLS[-1] == ("apply", "cpu_idle", False)
+    h.tick(17, [incident])  # `hold`: 2 s after cpu_idle
+    assert CALLS[-1] == ("apply", "cpuset", False)
+
+    def afters(levers: str, order: list[str] | None = None, hold: str = "hold: 2s") -> list:
+        spec = PolicySpec.model_validate(yaml.safe_load(textwrap.dedent(f"""\
+            name: p
+            steps:
+              - step: mark
+              - step: suppress
+                after: 5s
+                {hold}
+                levers: {levers}
+        """)))
+        return [(r.spec.step, r.spec.after) for r in Policy(spec, "x").rungs(order)[1:]]
+
+    three = "[{step: lever_a}, {step: lever_b}, {step: lever_c}]"
+    assert afters(three) == [("lever_a", 5), ("lever_b", 2), ("lever_c", 2)]
+    assert afters(three, hold="") == [("lever_a", 5), ("lever_b", 5), ("lever_c", 5)]
+    # a lever's own `after` wins, 0 included (`lever.after or ...` once took 0 for unset)
+    own = "[{step: lever_a, after: 0s}, {step: lever_b, after: 0s}, {step: lever_c, after: 9s}]"
+    assert afters(own) == [("lever_a", 0), ("lever_b", 0), ("lever_c", 9)]
+    # the first lever is the first tried here: after a learned reordering too
+    assert afters(three, ["lever_c"]) == [("lever_c", 5), ("lever_a", 2), ("lever_b", 2)]
+
+
+def test_hold_is_only_for_a_suppress_step(tmp_path):
+    path = tmp_path / "bad.yaml"
+    for where, at in (
+            ("- step: mark\n  hold: 2s\n", "4:9: policies.0.steps.0: only a suppress step has "
+                                            "`hold` (the time each of its levers is given); "
+                                            "mark waits only its `after`"),
+            ("- step: suppress\n  levers:\n    - step: lever_a\n      hold: 2s\n",
+             "6:13: policies.0.steps.0.levers.0: only a suppress step has `hold`")):
+        path.write_text("policies:\n  - name: a\n    steps:\n" + textwrap.indent(where, " " * 6))
+        with pytest.raises(PolicyFileError) as caught:
+            load_policy_file(path)
+        assert f"{path}:{at}" in str(caught.value), str(caught.value)
+
+
+def test_rungs_in_force_are_recorded_without_hold(tmp_path):
+    """An agent rolled back to a version without `hold` must still be able to undo them."""
+    h = Harness(tmp_path, HOLDING)
+    incident = h.incident(0)
+    for second in (0, 10, 15):
+        h.tick(second, [incident])
+    assert all("hold" not in row.spec for row in h.ledger.rungs())
+    assert [r.kind for r in h.ledger.rungs()] == ["mark", "mark", "lever_a"]
 
 
 def test_stale_evidence_never_escalates_past_cordon(tmp_path):

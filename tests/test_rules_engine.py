@@ -338,6 +338,54 @@ def test_recovery_hold_restarts_when_the_value_climbs_back(tmp_path):
     assert incident.state == RESOLVED and incident.resolved_ns == T0 + 9 * S
 
 
+@pytest.mark.parametrize("batches", [True, False])
+def test_quiet_since_marks_a_firing_incident_whose_condition_stopped_crossing(tmp_path,
+                                                                              batches):
+    """The ladder reads quiet_since_ns from the live incident, the UI and the forwarder from
+    the store: every change must reach both."""
+    h = _Harness(tmp_path, batches=batches)
+    for second in range(4):
+        h.at(second, 30.0)
+    live = h.engine.firing()[0]
+    assert live.quiet_since_ns is None and h.all()[0].quiet_since_ns is None
+    h.at(4, 7.0)  # the band: still firing, no longer crossing
+    h.at(5, 7.0)
+    assert live.quiet_since_ns == T0 + 4 * S == h.all()[0].quiet_since_ns
+    h.at(6, 3.0)  # recovering: still quiet since the band began
+    assert live.quiet_since_ns == T0 + 4 * S == h.all()[0].quiet_since_ns
+    h.at(7, 30.0)  # crossing again
+    assert live.quiet_since_ns is None and h.all()[0].quiet_since_ns is None
+    h.at(8, 3.0)  # straight from crossing to recovering: saved although nothing else is
+    [stored] = h.all()
+    assert stored.state == FIRING and stored.quiet_since_ns == T0 + 8 * S
+    assert stored.updated_ns == T0 + 8 * S
+    h.at(9, 3.0)
+    h.at(10, 3.0)
+    [stored] = h.all()
+    assert stored.state == RESOLVED and stored.quiet_since_ns == T0 + 8 * S
+
+
+def test_quiet_since_of_a_restarted_agent_and_of_rows_stored_before_it_existed(tmp_path):
+    import json
+    import sqlite3
+
+    h = _Harness(tmp_path)
+    for second in range(4):
+        h.at(second, 30.0)
+    h.at(4, 3.0)
+    h.incidents.close()
+    assert h.open() == 1
+    h.at(5, 3.0)  # the quiet spell goes on across the restart
+    assert h.engine.firing()[0].quiet_since_ns == T0 + 4 * S
+    [incident] = h.all()
+    with sqlite3.connect(h.incidents.path) as conn:  # a row written by an older agent
+        doc = json.loads(conn.execute("SELECT doc FROM incidents").fetchone()[0])
+        del doc["quiet_since_ns"]
+        conn.execute("UPDATE incidents SET doc = ?", (json.dumps(doc),))
+    conn.close()
+    assert h.incidents.get(incident.id).quiet_since_ns is None
+
+
 def test_changed_parameters_apply_to_open_alerts(tmp_path):
     h = _Harness(tmp_path)
     for second in range(4):
@@ -360,7 +408,7 @@ def test_a_failed_save_is_retried_and_the_alert_can_fire_again(tmp_path):
     real_save, failures = h.incidents.save, []
 
     def flaky_save(incident):
-        if not failures:
+        if not failures and incident.state == RESOLVED:
             failures.append(incident.id)
             raise OSError("disk full")
         real_save(incident)
@@ -460,6 +508,23 @@ def test_for_evaluations_fires_on_n_of_the_last_m(tmp_path):
     assert h2.all() == []
 
 
+def test_for_evaluations_can_fire_on_a_quiet_evaluation(tmp_path):
+    """N of M crossed before `for` elapsed: the incident fires on the first evaluation after
+    `for`, crossed or not, and is quiet from the start when it did not cross."""
+    text = RULES.replace("for: 2s", "for: 2s\n        for_evaluations: {crossed: 2, of: 5}")
+    h = _Harness(tmp_path, text)
+    h.at(0, 30.0)
+    h.at(1, 30.0)
+    h.at(2, 1.0)
+    [incident] = h.all()
+    assert incident.state == FIRING and incident.quiet_since_ns == T0 + 2 * S
+    assert h.engine.firing()[0].quiet_since_ns == T0 + 2 * S
+    h.at(3, 1.0)  # the quiet spell is not restarted
+    assert h.all()[0].quiet_since_ns == T0 + 2 * S
+    h.at(4, 30.0)
+    assert h.all()[0].quiet_since_ns is None
+
+
 def test_for_evaluations_is_validated(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(RULES.replace("for: 2s", "for_evaluations: {crossed: 6, of: 5}"))
@@ -496,11 +561,20 @@ def test_compound_rule_fires_only_when_the_conditions_agree(tmp_path):
     [incident] = h.all()
     assert incident.state == FIRING and incident.series["pod"] == "web-1"
     assert 'cpu{class="BE"} usage: 1 of 2 series crossed' in incident.evidence[0].note
-    for second in range(8, 11):  # BE stops: the compound condition is gone, it recovers
+    assert incident.quiet_since_ns is None
+    be(8, 0.1)  # BE stops while LS is still slow: no longer crossing, recovering
+    h.at(8, 30.0)
+    [incident] = h.all()
+    assert incident.state == FIRING and incident.quiet_since_ns == T0 + 8 * S
+    be(9, 1.9)  # BE is back: crossing again
+    h.at(9, 30.0)
+    assert h.all()[0].quiet_since_ns is None
+    for second in range(10, 13):  # BE stops: the compound condition is gone, it recovers
         be(second, 0.1)
         be(second, 0.1, pod="idle")
         h.at(second, 30.0)
-    assert h.all()[0].state == RESOLVED
+    [incident] = h.all()
+    assert incident.state == RESOLVED and incident.quiet_since_ns == T0 + 10 * S
 
 
 def test_compound_conditions_are_validated(tmp_path):
@@ -638,6 +712,7 @@ def _replay(tmp_path, batches: bool) -> list:
     assert all(not status.error for status in h.engine.status.values())
     return sorted(
         (i.rule, sorted(i.series.items()), i.state, i.started_ns, i.fired_ns, i.resolved_ns,
+         i.quiet_since_ns,
          [(e.time_ns, e.value, None if e.threshold is None else round(e.threshold, 9), e.note)
           for e in i.evidence])
         for i in h.incidents.query(limit=10_000))
