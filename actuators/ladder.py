@@ -4,12 +4,13 @@ Per policy, the node climbs rung by rung: rung k+1 is applied when an incident u
 policy is still firing `after` seconds past rung k (the hold in which the previous lever had its
 chance to help) and its condition crosses now. Rungs whose `after` is already over (`after: 0s`)
 follow in the same tick, except that a suppress step's levers go on one per tick at most: each
-lever gets its hold. An incident whose condition has stopped crossing
-(`quiet_since_ns`: recovering through its rule's `recover_for`, or in the hysteresis band) may
-be recovering under the levers in force: while every incident under the policy is quiet, the
-ladder holds (nothing applied, nothing undone, no `repeat`), so no lever is stacked needlessly
-and the lever in force gets the credit when the episode ends. If the condition crosses again,
-the next rung follows at once when its `after` (still counted from the previous rung) is over.
+lever gets its hold. An incident whose condition has stopped crossing (`quiet_since_ns`:
+recovering through its rule's `recover_for`, or in the hysteresis band) may be recovering under
+the levers in force: while every incident under the policy is quiet, the ladder holds (nothing
+applied, nothing undone, no `repeat`), so no lever is stacked needlessly and the lever in force
+gets the credit when the episode ends. If the condition crosses again, the next rung follows at
+once when its `after` (still counted from the previous rung) is over.
+
 While any incident under the policy fires, nothing is undone. When none fires (the rule's own
 hysteresis and `recover_for` have passed), the rungs are undone in reverse order, one every
 `undo_hold`, so a returning interference finds most levers still in place.
@@ -196,8 +197,8 @@ class Ladder:
                     self._quiet.add((policy.name, k))
                     quiet_s = (now_ns - max(i.quiet_since_ns or now_ns for i in firing)) / 1e9
                     log.info("policy %s: holding before %s: no incident under it has crossed "
-                             "for %.0fs (recovering under what is in force)", policy.name,
-                             rung.spec.step, quiet_s)
+                             "for %.0fs (recovering, or in its rule's hysteresis band)",
+                             policy.name, rung.spec.step, quiet_s)
                 return
             self._quiet.discard((policy.name, k))
             if rung.spec.step not in SAFE_WHEN_STALE and not fresh:
