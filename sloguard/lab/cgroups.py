@@ -46,6 +46,15 @@ class LabCgroup:
                     _inherit_cpuset(sub)
             _inherit_cpuset(path)
 
+    def pin(self, cpus: str) -> bool:
+        """Give the cgroup its own cpuset (v1 cpuset controller); False where there is none."""
+        done = False
+        for path in self.paths():
+            if (path / "cpuset.cpus").exists() and (path / "tasks").exists():
+                (path / "cpuset.cpus").write_text(cpus)
+                done = True
+        return done
+
     def paths(self) -> list[Path]:
         return [root / self.rel for root in self.roots]
 

@@ -55,6 +55,9 @@ class LsSpec(_Strict):
     rate: float = Field(5000.0, gt=0, le=50_000, description="requests per second (open loop)")
     keys: int = Field(10_000, ge=1)
     value_size: int = Field(256, ge=1, le=1 << 20, description="bytes per value (GET replies)")
+    cpus: str = Field("0", description="the LS cgroup's cpuset (a pod with its own cores, "
+                      "e.g. Koordinator LSR; BE may still use them until a lever moves it); "
+                      "empty: every CPU")
     rt_priority: int = Field(20, ge=0, le=99, description="the load generator's SCHED_FIFO "
                                                           "priority; 0: normal priority")
     slo: SloSpec = Field(default_factory=SloSpec)

@@ -158,6 +158,8 @@ def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
     node: LabNode | None = None
     running: list[Antagonist] = []
     try:
+        if spec.ls.cpus:
+            ls_cgroup.pin(spec.ls.cpus)
         redis, port = start_redis(ls_cgroup, workdir)
         if kubeconfig:
             node = LabNode(kubeconfig, "sloguard-lab")
