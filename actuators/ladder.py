@@ -87,6 +87,8 @@ class Ladder:
         self._was_firing: set[str] = set()
         self._held: set[tuple[str, int]] = set()  # (policy, rung) held for stale evidence
         self._quiet: set[tuple[str, int]] = set()  # (policy, rung) held while recovering
+        self._came_down: dict[str, int] = {}  # policy -> when its incidents last stopped firing
+        self._relapses: dict[str, int] = {}  # policy -> relapses in a row (see _tick_policy)
 
     # -- the engine's hooks ------------------------------------------------------------------
 
@@ -124,16 +126,43 @@ class Ladder:
                 self.errors[name] = f"policy {name!r} is not loaded; nothing escalates"
                 return
             self.errors.pop(name, None)
+            if name not in self._was_firing:
+                self._count_relapse(policy, now_ns)
             self._climb(policy, rows, firing, now_ns)
             self._was_firing.add(name)
         else:
             if name in self._was_firing:
                 self._was_firing.discard(name)
                 self._learn(name, rows)
+                self._came_down[name] = now_ns
+                self._wait_before_undo(name, policy, rows, now_ns)
             # the next episode logs its holds again
             self._held = {held for held in self._held if held[0] != name}
             self._quiet = {held for held in self._quiet if held[0] != name}
             self._descend(name, policy, rows, now_ns)
+
+    def _count_relapse(self, policy: Policy, now_ns: int) -> None:
+        """Interference back within `relapse_window` of the last recovery is a relapse: the
+        lever was masking a BE that still runs, and undoing it let the interference back."""
+        came_down = self._came_down.get(policy.name)
+        if came_down is not None and now_ns - came_down <= policy.spec.relapse_window * 1e9:
+            self._relapses[policy.name] = self._relapses.get(policy.name, 0) + 1
+        else:
+            self._relapses.pop(policy.name, None)
+
+    def _wait_before_undo(self, name: str, policy: Policy | None, rows: list[RungState],
+                          now_ns: int) -> None:
+        """After a relapse, the next descent waits before lifting its first rung: undo_hold,
+        doubled with each relapse in a row, at most max_undo_wait. A lever that keeps ending
+        the interference is thus probed ever less often (like a crash-loop back-off), instead
+        of once per recover_for while the BE that causes it runs on."""
+        relapses = self._relapses.get(name, 0)
+        if not relapses or not rows or policy is None:
+            return
+        wait = min(policy.spec.undo_hold * 2 ** (relapses - 1), policy.spec.max_undo_wait)
+        self._undo_due[name] = now_ns + int(wait * 1e9)
+        log.info("policy %s: interference came back %d time(s) in a row after the levers were "
+                 "lifted; waiting %gs before lifting them again", name, relapses, wait)
 
     def _climb(self, policy: Policy, rows: list[RungState], firing: list[Incident],
                now_ns: int) -> None:

@@ -96,6 +96,11 @@ class PolicySpec(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     undo_hold: Duration = 30.0
     stale_after: Duration = 30.0
+    relapse_window: Duration = Field(
+        120.0, description="interference back within this long after recovery is a relapse: "
+                           "the next descent waits undo_hold x 2^(relapses-1) before its first "
+                           "undo")
+    max_undo_wait: Duration = Field(600.0, description="the longest such wait")
     steps: list[StepSpec] = Field(min_length=1)
 
 

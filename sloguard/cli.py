@@ -394,6 +394,10 @@ def lab(
                                            for (name, _), f in fractions.items()),
                        description=f"{scenario}: {way}")
 
+        def stop(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt  # every way's `finally` then removes what it started
+
+        signal.signal(signal.SIGTERM, stop)
         try:
             reports = run_session(specs, out, progress, kubeconfig=kubeconfig)
         except LabSetupError as exc:

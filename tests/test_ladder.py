@@ -841,3 +841,40 @@ def test_a_successful_repeat_records_what_the_step_now_says_is_in_force(tmp_path
     assert h.ledger.rungs()[0].undo == {"was": "before-first"}
     h.tick(6, [])
     assert CALLS[-1] == ("undo", "first", False)  # Mark.undo checks the data it is given
+
+
+def test_relapses_after_undo_back_off_the_next_undo(tmp_path):
+    """A lever that ended the interference is lifted; the interference comes back (the BE it
+    was holding down still runs): each relapse in a row doubles the wait before the next
+    descent lifts anything, and a recovery that lasts past relapse_window starts afresh."""
+    h = Harness(tmp_path)
+    incident = h.incident(0)
+    for second in (0, 10, 15):
+        h.tick(second, [incident])
+    CALLS.clear()
+    h.tick(20, [])  # recovered, no relapse yet: the lever is lifted at once
+    assert CALLS == [("undo", "cpu_idle", False)]
+
+    def relapse(at: int, recovered: int, climb: tuple[int, ...] = ()) -> int | None:
+        """Fires at `at`, recovers at `recovered`; the second the lever is lifted at."""
+        again = h.incident(at)
+        for second in (at, *climb):
+            h.tick(second, [again])
+        assert CALLS[-1] == ("apply", "cpu_idle", False)  # the lever that worked
+        for second in range(recovered, recovered + 60):
+            before = len(CALLS)
+            h.tick(second, [])
+            if ("undo", "cpu_idle", False) in CALLS[before:]:
+                return second
+        return None
+
+    assert relapse(25, 30) == 40  # first relapse: undo_hold (10 s)
+    assert relapse(42, 45) == 65  # second in a row: 20 s
+    assert relapse(67, 70) == 110  # third: 40 s
+    CALLS.clear()
+    for second in range(125, 300, 5):  # the rest of the ladder comes down meanwhile
+        h.tick(second, [])
+    assert h.ledger.rungs() == []
+    # recovered for longer than relapse_window: a new episode climbs from the bottom, and its
+    # descent starts at once
+    assert relapse(300, 320, climb=(310, 315)) == 320
