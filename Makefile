@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test install install-test test-deps bcc-setup lint bench clean
+.PHONY: run test install install-test test-deps bcc-setup lint bench lab clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,14 @@ bench: install-test bcc-setup
 	$(BIN)/python benchmarks/store_choice.py
 	$(BIN)/python benchmarks/ebpf_overhead.py
 	$(BIN)/python benchmarks/influx_write.py
+
+## The interference lab, every shipped scenario (~30 min, root): the report and its plots go to
+## docs/lab-report/, the raw results to lab-out/ (docs/lab.md).
+lab: $(VENV)/.installed
+	bash scripts/lab-testenv.sh
+	$(BIN)/sloguard lab --out lab-out $(ARGS)
+	mkdir -p docs/lab-report
+	cp lab-out/report.md lab-out/*.png docs/lab-report/
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -57,7 +57,7 @@ def test_a_broken_scenario_names_file_line_and_field(tmp_path: Path) -> None:
         load_scenario(path)
     assert f"{path}:5:" in str(caught.value)
     assert "antagonist" in str(caught.value)
-    with pytest.raises(ScenarioError, match="shipped: .*cache"):
+    with pytest.raises(ScenarioError, match=r"shipped: .*cache"):
         find_scenario("no-such-scenario")
 
 
@@ -109,6 +109,16 @@ def test_delays_quiet_actions_and_percentiles_from_known_records() -> None:
     starts, p99 = p99_timeline(_result("guarded"))
     assert len(starts) == 30 and p99[15] == pytest.approx(5.0, rel=0.01)
     assert p99[5] == pytest.approx(0.1, rel=0.01)
+
+
+def test_a_lever_still_in_force_at_an_episode_start_mitigates_it_from_its_first_second() -> None:
+    held = way_stats(_result("guarded", [_action(8.0, "cpuset")]))
+    assert held.episodes[0].first_action_s == 0.0
+    assert held.episodes[0].first_action == "cpuset (in force at the start)"
+    lifted = way_stats(_result("guarded", [_action(8.0, "cpuset"),
+                                           _action(9.0, "cpuset", "undo", "undone"),
+                                           _action(11.0, "cpu_idle")]))
+    assert lifted.episodes[0].first_action_s == pytest.approx(1.0)
 
 
 def test_proposals_count_for_the_shadow_way_and_the_baseline_has_no_be() -> None:

@@ -104,17 +104,36 @@ def way_stats(result: WayResult) -> WayStats:
     for episode, (start, end) in zip(result.episodes, spans, strict=True):
         window = (start, end + GRACE_S)
         fire = next((f for f in fired if window[0] <= f < window[1]), None)
+        held = in_force(actions, start)
         act = next((a for a in applied if a["kind"] in MITIGATING
                     and window[0] <= a["t"] < window[1]), None)
+        if held:  # still in force from the episode before: mitigated from its first second
+            delay, what = 0.0, f"{held[0]} (in force at the start)"
+        elif act is not None:
+            delay, what = act["t"] - start, f"{act['kind']} ({act['status']})"
+        else:
+            delay, what = None, ""
         stats.episodes.append(EpisodeTiming(
-            episode.antagonist, start, end,
-            None if fire is None else fire - start,
-            None if act is None else act["t"] - start,
-            "" if act is None else f"{act['kind']} ({act['status']})",
+            episode.antagonist, start, end, None if fire is None else fire - start, delay, what,
             percentile(lat[(t_s >= start) & (t_s < end)], 99)))
     stats.quiet_actions = [a for a in applied if not any(
         start <= a["t"] < end + GRACE_S for start, end in spans)]
     return stats
+
+
+def in_force(actions: list[dict[str, Any]], at_s: float) -> list[str]:
+    """Mitigating rungs applied (or proposed) before `at_s` and not undone by then."""
+    held: dict[tuple[Any, Any], str] = {}
+    for a in actions:
+        if a["t"] >= at_s or a["kind"] not in MITIGATING or a["status"] not in (
+                *ACTED, "undone"):
+            continue
+        key = (a.get("policy"), a.get("rung"), a["kind"])
+        if a["action"] == "apply":
+            held[key] = a["kind"]
+        else:
+            held.pop(key, None)
+    return list(held.values())
 
 
 def p99_timeline(result: WayResult, bin_s: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
