@@ -113,9 +113,15 @@ def markdown(reports: list[ScenarioReport], out: Path, header: str) -> str:
              for a in s.quiet_actions]
     lines += ["## Targets", "", "| target | result | met |", "|---|---|---|"]
     median = statistics.median(delays) if delays else None
+    fresh = [e.first_action_s for r in reports if "guarded" in r.stats
+             for e in r.stats["guarded"].episodes
+             if e.first_action_s is not None and "in force" not in e.first_action]
+    fresh_median = statistics.median(fresh) if fresh else None
     lines.append(f"| median delay to the first mitigating action <= {TARGET_DELAY_S:g} s "
                  f"(guarded) | {_s(median)} s over {len(delays)} episodes"
-                 f"{f', {missed} with none' if missed else ''} | "
+                 f"{f', {missed} with none' if missed else ''} (a lever still in force at the "
+                 f"start counts 0 s); {_s(fresh_median)} s over the {len(fresh)} episodes that "
+                 f"needed a new action | "
                  f"{_yes(median is not None and median <= TARGET_DELAY_S and not missed)} |")
     lines.append(f"| no action in quiet periods (every way) | {len(quiet)} | "
                  f"{_yes(not quiet)} |")
