@@ -118,7 +118,13 @@ def test_agent_detects_and_resolves_and_survives_restart(tmp_path, real_cgroups,
             "notify", "skipped", True)
         assert "no notifier configured" in acted[0]["detail"]
         assert names["actuators"]["details"]["policies"] == ["ls-interference"]
-        [audit] = agent.get("/api/actions").json()["actions"]
+        actions = agent.get("/api/actions").json()["actions"]
+        # the first lever follows in the same tick (in shadow mode, the default; with no BE
+        # cgroup here, it says there is nothing to act on)
+        lever = next(a for a in actions if a["kind"] == "cpu_idle")
+        assert lever["dry_run"] and lever["status"] == "skipped", lever
+        assert "BE" in lever["detail"], lever
+        [audit] = [a for a in actions if a["kind"] == "notify"]
         assert (audit["incident"], audit["kind"], audit["action"], audit["status"]) == (
             incident["id"], "notify", "apply", "skipped")
         assert "firing for" in audit["reason"]

@@ -133,7 +133,10 @@ def test_two_agents_one_server_nothing_lost_nothing_twice(tmp_path, sloguard_bin
         wait_for(both_nodes_with_actions, 30, "the server never saw both nodes", *logs)
         incidents, actions = _view(server)
         assert {i["rule"] for i in incidents} == {"AlwaysLoaded"}
-        assert all(a["kind"] == "notify" for a in actions)
+        # the shipped policy's first rungs (notify, then the first lever in the same tick),
+        # in shadow mode: nothing acted
+        assert "notify" in {a["kind"] for a in actions}
+        assert all(a["status"] in ("skipped", "proposed") for a in actions)
         ready = server.get("/readyz").json()
         nodes = {c["name"]: c for c in ready["components"]}
         assert set(nodes) == {"node:node-a", "node:node-b"} and nodes["node:node-a"]["ok"]
