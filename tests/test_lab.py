@@ -215,3 +215,47 @@ def test_short_lab_run_shows_the_guardrail_working(tmp_path: Path) -> None:
     assert applied and not LabCgroup("sloguard-lab/be").pids()
     print("applied", [(a["kind"], round(a["t"], 1)) for a in applied],
           "undone", [(a["kind"], round(a["t"], 1)) for a in undone])
+
+
+# -- Kubernetes: shadow mode without an API server, a registered Node with one ---------------
+
+def test_without_an_api_server_the_lab_policy_shadows_only_the_kubernetes_steps(tmp_path):
+    import yaml
+
+    from sloguard.lab.agent import KUBE_STEPS, lab_policies
+
+    def steps(kube: bool) -> dict[str, bool]:
+        folder = lab_policies(tmp_path / str(kube), kube=kube)
+        [policy] = yaml.safe_load((folder / "ls-interference.yaml").read_text())["policies"]
+        return {s["step"]: bool(s.get("dry_run")) for s in policy["steps"]}
+
+    shadowed, acting = steps(False), steps(True)
+    assert all(shadowed[k] for k in KUBE_STEPS)
+    assert not shadowed["suppress"] and not acting["cordon"]
+    assert acting["evict"]  # the shipped policy's own per-step shadow mode is kept
+
+
+@pytest.mark.kube
+def test_the_lab_node_is_registered_like_a_colocation_node_and_removed(kube):
+    from kubernetes import client
+
+    from sloguard.lab.kube import LabNode
+
+    api = client.CoreV1Api(kube.api_client())
+    node = LabNode(kube.kubeconfig_path(), "sloguard-lab-test")
+    try:
+        stored = api.read_node("sloguard-lab-test")
+        assert stored.metadata.labels["sloguard.io/lab"] == "true"
+        assert stored.status.allocatable["kubernetes.io/batch-cpu"] == "2k"
+        assert node.state() == {"unschedulable": False, "batch_cpu": "2k"}
+    finally:
+        node.remove()
+    with pytest.raises(client.ApiException) as gone:
+        api.read_node("sloguard-lab-test")
+    assert gone.value.status == 404
+    api.create_node({"metadata": {"name": "someone-elses"}})
+    try:
+        LabNode(kube.kubeconfig_path(), "someone-elses").remove()
+        assert api.read_node("someone-elses").metadata.name == "someone-elses"  # left alone
+    finally:
+        api.delete_node("someone-elses")
