@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Install Debian packages whose binaries are missing, without ever starting their services:
+#   bash scripts/apt-install.sh LOG_NAME PACKAGE:BINARY [PACKAGE:BINARY ...]
+# The test environments start their own server processes (on loopback, in temp dirs or lab
+# cgroups), so while apt installs, a policy-rc.d that refuses service starts is put in place
+# when the machine has none, and removed afterwards.
+#
+# Idempotent (nothing to do when every binary exists). Works without a terminal (CI).
+# Needs root (or passwordless sudo) when something must be installed.
+set -euo pipefail
+
+export DEBIAN_FRONTEND=noninteractive
+exec </dev/null
+
+NAME="$1"
+shift
+log() { printf '[%s] %s\n' "${NAME}" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+SUDO=()
+if [[ "$(id -u)" -ne 0 ]] && command -v sudo >/dev/null 2>&1; then
+    SUDO=(sudo -n)
+fi
+as_root() {
+    if [[ "$(id -u)" -ne 0 && ${#SUDO[@]} -eq 0 ]]; then
+        die "need root (or passwordless sudo) to run: $*"
+    fi
+    "${SUDO[@]}" "$@"
+}
+
+missing=()
+binaries=()
+for pair in "$@"; do
+    binaries+=("${pair#*:}")
+    if ! command -v "${pair#*:}" >/dev/null 2>&1; then
+        missing+=("${pair%%:*}")
+    fi
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+    exit 0
+fi
+
+POLICY=/usr/sbin/policy-rc.d
+placed=0
+if [[ ! -e "${POLICY}" ]]; then
+    log "refusing service starts while installing (temporary ${POLICY})"
+    as_root sh -c "printf '#!/bin/sh\nexit 101\n' > '${POLICY}' && chmod 0755 '${POLICY}'"
+    placed=1
+fi
+cleanup() {
+    if [[ "${placed}" -eq 1 ]]; then
+        as_root rm -f "${POLICY}"
+    fi
+}
+trap cleanup EXIT
+
+log "apt-get update"
+as_root apt-get update -q >&2
+log "apt-get install ${missing[*]}"
+as_root apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+
+for binary in "${binaries[@]}"; do
+    command -v "${binary}" >/dev/null 2>&1 || die "${binary} missing after installing ${missing[*]}"
+done
