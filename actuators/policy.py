@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sloguard.config import Duration
-from sloguard.yamlfile import YamlFileError, nearest, read_yaml, validation_problems
+from sloguard.yamlfile import YamlFileError, load_model, nearest
 
 SUPPRESS = "suppress"
 
@@ -165,16 +165,9 @@ class Policy:
 def load_policy_file(path: Path, validate_step: Any = None) -> list[Policy]:
     """Parse one file; `validate_step(spec)` raises ValueError for unknown kinds or params."""
     try:
-        document, lines = read_yaml(path)
+        spec, lines = load_model(path, PolicyFileSpec, "a policy file defines `policies:`")
     except YamlFileError as exc:
         raise PolicyFileError(str(exc)) from exc
-    if document is None:
-        raise PolicyFileError(f"{path}:1:1: the file is empty; a policy file defines "
-                              "`policies:`")
-    try:
-        spec = PolicyFileSpec.model_validate(document)
-    except ValidationError as exc:
-        raise PolicyFileError(validation_problems(path, exc, lines)) from exc
     problems = []
     policies = []
     seen: set[str] = set()

@@ -33,7 +33,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -41,7 +40,7 @@ from pydantic import (
 from sloguard.config import Duration
 from sloguard.selectors import Selector, parse_selector
 from sloguard.store import check_aggregation
-from sloguard.yamlfile import YamlFileError, nearest, read_yaml, validation_problems
+from sloguard.yamlfile import YamlFileError, load_model, nearest
 
 log = logging.getLogger(__name__)
 
@@ -156,17 +155,10 @@ def load_rule_file(path: Path, validate_params: Any = None) -> list[LoadedRule]:
     """Parse one file; raise RuleFileError with a `file:line:column: field: problem` line for
     every problem found (not only the first)."""
     try:
-        document, lines = read_yaml(path)
+        spec, lines = load_model(path, RuleFileSpec,
+                                 "a rule file defines `groups:` (`groups: []` for none)")
     except YamlFileError as exc:
         raise RuleFileError(str(exc)) from exc
-    if document is None:
-        raise RuleFileError(
-            f"{path}:1:1: the file is empty; a rule file defines `groups:` "
-            "(`groups: []` for none)")
-    try:
-        spec = RuleFileSpec.model_validate(document)
-    except ValidationError as exc:
-        raise RuleFileError(validation_problems(path, exc, lines)) from exc
     rules: list[LoadedRule] = []
     problems: list[str] = []
     seen: set[str] = set()

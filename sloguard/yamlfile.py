@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 
 class YamlFileError(Exception):
@@ -30,6 +31,19 @@ def read_yaml(path: Path) -> tuple[Any, dict[tuple[str, ...], Position]]:
         raise YamlFileError(f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}") \
             from exc
     return document, line_map(node)
+
+
+def load_model(path: Path, model: Any, empty: str) -> tuple[Any, dict[tuple[str, ...], Position]]:
+    """Read and validate one file against a pydantic model: the model and the line map, or
+    YamlFileError with every problem as `file:line:column: field: problem` (what rule, policy and
+    lab scenario files share). `empty` says what the file should define when it is empty."""
+    document, lines = read_yaml(path)
+    if document is None:
+        raise YamlFileError(f"{path}:1:1: the file is empty; {empty}")
+    try:
+        return model.model_validate(document), lines
+    except ValidationError as exc:
+        raise YamlFileError(validation_problems(path, exc, lines)) from exc
 
 
 def line_map(node: yaml.Node | None) -> dict[tuple[str, ...], Position]:

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from sloguard.config import Duration
-from sloguard.yamlfile import YamlFileError, read_yaml, validation_problems
+from sloguard.yamlfile import YamlFileError, load_model
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 WAYS = ("baseline", "unguarded", "guarded")
@@ -103,16 +103,9 @@ class Episode:
 
 def load_scenario(path: Path) -> ScenarioSpec:
     try:
-        document, lines = read_yaml(path)
+        return load_model(path, ScenarioSpec, "a scenario defines `name` and `schedule`")[0]
     except YamlFileError as exc:
         raise ScenarioError(str(exc)) from exc
-    if document is None:
-        raise ScenarioError(f"{path}:1:1: the file is empty; a scenario defines `name` and "
-                            "`schedule`")
-    try:
-        return ScenarioSpec.model_validate(document)
-    except ValidationError as exc:
-        raise ScenarioError(validation_problems(path, exc, lines)) from exc
 
 
 def find_scenario(name_or_path: str) -> Path:
