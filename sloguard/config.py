@@ -207,7 +207,7 @@ class DetectorsConfig(_Section):
     timeout: Duration = Field(1.0, gt=0, description="longest one rule's detectors may take")
 
 
-def _default_policy_paths() -> list[str]:
+def default_policy_paths() -> list[str]:
     """The escalation policies shipped with sloguard: policies/ beside the default rules."""
     return [str(Path(path) / "policies") for path in _default_rule_paths()]
 
@@ -215,7 +215,7 @@ def _default_policy_paths() -> list[str]:
 class ActuatorsConfig(_Section):
     dry_run: bool = Field(True, description="shadow mode: record every step, take none")
     policies: list[str] = Field(
-        default_factory=_default_policy_paths,
+        default_factory=default_policy_paths,
         description="escalation policy files or directories of *.yaml")
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from sloguard.config import _default_policy_paths
+from sloguard.config import default_policy_paths
 
 KUBE_STEPS = ("cordon", "reduce_capacity", "evict")
 SERVICE = "redis-lab"
@@ -49,7 +49,7 @@ def lab_policies(target: Path, kube: bool) -> Path:
     """The shipped policies, copied; without an API server, the Kubernetes steps in shadow
     mode."""
     target.mkdir(parents=True, exist_ok=True)
-    for source in _default_policy_paths():
+    for source in default_policy_paths():
         path = Path(source)
         files = sorted(path.glob("*.yaml")) if path.is_dir() else [path]
         for file in files:

@@ -78,11 +78,7 @@ class LabCgroup:
         return subprocess.Popen(list(argv), preexec_fn=move_in, **popen)
 
     def pids(self) -> list[int]:
-        procs = self.paths()[0] / "cgroup.procs"
-        try:
-            return [int(p) for p in procs.read_text().split()]
-        except FileNotFoundError:
-            return []
+        return pids_in(self.rel, self.roots)
 
     def remove(self, timeout: float = 5.0) -> None:
         """Kill what is left inside, then remove the cgroup everywhere (parents if empty)."""
@@ -97,6 +93,15 @@ class LabCgroup:
             for depth in range(len(parts), 0, -1):
                 with contextlib.suppress(FileNotFoundError, OSError):
                     (root / "/".join(parts[:depth])).rmdir()
+
+
+def pids_in(rel: str, roots: Sequence[Path] | None = None) -> list[int]:
+    """The processes in a cgroup, without creating it: [] when it does not exist."""
+    root = (list(roots) if roots is not None else hierarchies())[0]
+    try:
+        return [int(p) for p in (root / rel.strip("/") / "cgroup.procs").read_text().split()]
+    except FileNotFoundError:
+        return []
 
 
 def _inherit_cpuset(path: Path) -> None:

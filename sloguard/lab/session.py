@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sloguard.lab.agent import BE_CGROUP, LS_CGROUP
 from sloguard.lab.antagonists import LabSetupError, stress_ng
-from sloguard.lab.cgroups import LabCgroup
+from sloguard.lab.cgroups import pids_in
 from sloguard.lab.report import ScenarioReport, build, markdown
 from sloguard.lab.scenario import ScenarioSpec, timeline
 from sloguard.lab.way import WayResult, run_way
@@ -39,8 +39,7 @@ def preflight() -> None:
     if problems:
         raise LabSetupError("; ".join(problems))
     for rel in (BE_CGROUP, LS_CGROUP):
-        leftover = LabCgroup(rel)
-        if pids := leftover.pids():
+        if pids := pids_in(rel):
             raise LabSetupError(f"cgroup {rel} has processes: another lab is running (or a "
                                 f"killed one left them: kill {' '.join(map(str, pids))})")
 

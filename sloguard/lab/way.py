@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -82,8 +83,7 @@ class Relay(threading.Thread):
         pusher = threading.Thread(target=self._push_loop, daemon=True, name="lab-push")
         pusher.start()
         leftover = b""
-        while chunk := self.stdout.read1(1 << 16) if hasattr(self.stdout, "read1") else \
-                self.stdout.read(1 << 16):
+        while chunk := self.stdout.read1(1 << 16):
             data = leftover + chunk
             usable = len(data) - len(data) % 24
             leftover = data[usable:]
@@ -124,8 +124,6 @@ class Relay(threading.Thread):
 
 
 def start_redis(cgroup: LabCgroup, workdir: Path) -> tuple[subprocess.Popen, int]:
-    import shutil
-
     binary = shutil.which("redis-server")
     if binary is None:
         raise LabSetupError("redis-server is not installed: apt-get install redis-server "
