@@ -920,3 +920,39 @@ def test_shipped_slo_interference_rule_needs_busy_be_work_and_drives_the_policy(
     [guard] = [i for i in h.all() if i.rule == "LSLatencyInterference"]
     assert guard.state == FIRING and guard.policy == "ls-interference"
     assert guard.labels["resource"] == "cpu"
+    # the fast rule moves levers without paging; the lasting breach is the page
+    [breach] = [i for i in h.all() if i.rule == "LSLatencySLOBreach"]
+    assert (guard.severity, breach.severity) == ("warning", "critical")
+
+
+@pytest.mark.parametrize(("file", "rule", "resource"), [
+    ("node-pressure.yaml", "LSCpuStall", "cpu"),
+    ("io-and-memory.yaml", "LSMemoryStall", "memory")])
+def test_shipped_ls_stall_rules_drive_the_policy_only_while_be_work_runs(tmp_path, file, rule,
+                                                                          resource):
+    """The lab measured the LS cgroup's CPU PSI jumping to ~20% with no BE on the node: a
+    stall with BE idle must not move levers that act on BE."""
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parent.parent / "rules" / file
+    h = _Harness(tmp_path, shipped.read_text())
+
+    def tick(second: int, be_cores: float) -> None:
+        now = h.now = T0 + second * S
+        samples = [
+            Sample("container_pressure", {"node": "node-a", "class": "LS", "level": "pod",
+                                          "pod": "web", "resource": resource},
+                   {"some_rate": 40.0}, now),
+            Sample("container_cpu", {"node": "node-a", "class": "BE", "level": "pod",
+                                     "pod": "batch"}, {"usage_cores": be_cores}, now)]
+        h.store.write(samples)
+        h.windows.add(samples)
+        h.engine.evaluate(now)
+
+    for second in range(40):  # stalled, BE idle
+        tick(second, 0.02)
+    assert rule not in {i.rule for i in h.all()}
+    for second in range(40, 70):  # BE busy meanwhile
+        tick(second, 1.5)
+    [stall] = [i for i in h.all() if i.rule == rule]
+    assert stall.state == FIRING and stall.policy == "ls-interference"
