@@ -210,14 +210,18 @@ class Ladder:
         """Apply every rung that is due now, not one per tick: with `after: 0s` the next rung
         must not wait for the agent's next tick (the first lever is wanted within seconds of
         firing). A suppress step's levers stay one per tick, since each lever needs its hold
-        to show an effect before the next goes on top of it."""
+        to show an effect before the next goes on top of it; a lever that changed nothing
+        (unavailable here, nothing to do, or failed: it is retried on its own backoff) has no
+        effect to wait for, so the next lever follows at once."""
         k = rows[-1].rung + 1 if rows else 0
         base = rows[-1].applied_ns if rows else min(i.fired_ns or i.started_ns for i in firing)
         previous = f"{rows[-1].kind} did not end it" if rows else "first rung"
         lever_groups: set[int] = set()  # suppress steps that had a lever applied in this tick
+        no_effect: int | None = None  # the suppress step whose last lever changed nothing
         while k < len(rungs):
             rung = rungs[k]
-            if now_ns < base + int(rung.spec.after * 1e9):
+            waived = rung.lever_group is not None and rung.lever_group == no_effect
+            if now_ns < base + int(rung.spec.after * 1e9) and not waived:
                 return
             if rung.lever_group is not None and rung.lever_group in lever_groups:
                 return
@@ -241,10 +245,15 @@ class Ladder:
             since = (now_ns - (driver.fired_ns or driver.started_ns)) / 1e9
             reason = (f"{driver.rule} firing for {since:.0f}s; {previous}; rung "
                       f"{k + 1}/{len(rungs)} of policy {policy.name}")
-            self._apply(policy, rung, driver, now_ns, 1, reason)
-            if rung.lever_group is not None:
+            status = self._apply(policy, rung, driver, now_ns, 1, reason)
+            no_effect = None
+            previous = f"right after {rung.spec.step}"
+            if rung.lever_group is not None and status in (DONE, PROPOSED):
                 lever_groups.add(rung.lever_group)
-            base, previous, k = now_ns, f"right after {rung.spec.step}", k + 1
+            elif rung.lever_group is not None:
+                no_effect = rung.lever_group
+                previous = f"{rung.spec.step} {status}: no effect to wait for"
+            base, k = now_ns, k + 1
 
     @staticmethod
     def _driver(incidents: list[Incident]) -> Incident:
@@ -288,7 +297,7 @@ class Ladder:
                            resource)
 
     def _apply(self, policy: Policy, rung: Rung, incident: Incident, now_ns: int,
-               attempts: int, reason: str, first_ns: int | None = None) -> None:
+               attempts: int, reason: str, first_ns: int | None = None) -> str:
         spec = rung.spec
         dry_run = self.dry_run or spec.dry_run
         result = self._attempt(rung, incident, dry_run, now_ns, reason)
@@ -303,6 +312,7 @@ class Ladder:
         if result.status == FAILED:
             log.error("policy %s: %s failed: %s%s", policy.name, spec.step, result.detail,
                       " (will retry)" if retry_ns else "")
+        return result.status
 
     def _repeat(self, policy: Policy, rung: Rung, row: RungState, incident: Incident,
                 now_ns: int, reason: str) -> None:

@@ -95,6 +95,16 @@ class LeverB(Mark):
         self.name = "cpuset"
 
 
+class LeverGone(Mark):
+    kind: ClassVar[str] = "lever_gone"
+
+    def __init__(self, params: dict[str, Any], env: ActuatorEnv) -> None:
+        self.name = "resctrl"
+
+    def available(self) -> str | None:
+        return "no resctrl filesystem"
+
+
 class Untidy(Mark):
     """A step that breaks the contract: its undo data is not JSON (a set)."""
 
@@ -113,7 +123,8 @@ class Untidy(Mark):
 
 
 KINDS = {"mark": f"{__name__}:Mark", "lever_a": f"{__name__}:LeverA",
-         "lever_b": f"{__name__}:LeverB", "untidy": f"{__name__}:Untidy"}
+         "lever_b": f"{__name__}:LeverB", "untidy": f"{__name__}:Untidy",
+         "lever_gone": f"{__name__}:LeverGone"}
 
 
 class Harness:
@@ -411,6 +422,48 @@ def test_a_suppress_step_waits_after_before_its_first_lever_and_hold_between_lev
     assert afters(own) == [("lever_a", 0), ("lever_b", 0), ("lever_c", 9)]
     # the first lever is the first tried here: after a learned reordering too
     assert afters(three, ["lever_c"]) == [("lever_c", 5), ("lever_a", 2), ("lever_b", 2)]
+
+
+NO_EFFECT = """\
+policies:
+  - name: guard
+    steps:
+      - step: suppress
+        after: 0s
+        hold: 10s
+        levers:
+          - step: lever_gone
+          - step: lever_a
+          - step: lever_b
+"""
+
+
+@pytest.mark.parametrize("why", ["unavailable", "failed"])
+def test_a_lever_that_changed_nothing_does_not_cost_the_next_one_its_hold(tmp_path, why):
+    """A lever missing on this node (or one that failed, retried on its backoff) has no
+    effect to wait for: the next lever comes in the same tick, not a hold later."""
+    h = Harness(tmp_path, NO_EFFECT)
+    if why == "failed":
+        Mark.fail_name, Mark.fail_times = "cpu_idle", 1
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    steps = [(a.step, a.status) for a in h.incidents.get("inc-1").actions]
+    if why == "unavailable":  # skipped, then lever_a at once; lever_b still waits its hold
+        assert steps == [("lever_gone", "skipped"), ("lever_a", DONE)]
+        assert CALLS == [("apply", "cpu_idle", False)]
+    else:  # skipped and failed, then lever_b at once
+        assert steps == [("lever_gone", "skipped"), ("lever_a", FAILED), ("lever_b", DONE)]
+        assert CALLS == [("apply", "cpuset", False)]
+        [taken] = [e for e in h.ledger.audit_log() if e.kind == "lever_b"]
+        assert "lever_a failed: no effect to wait for" in taken.reason
+    if why == "failed":
+        h.tick(5, [incident])  # the failed lever is retried on its own backoff
+        assert CALLS[-1] == ("apply", "cpu_idle", False)
+        return
+    h.tick(9, [incident])
+    assert len(CALLS) == 1
+    h.tick(10, [incident])  # a lever that did something: its hold was kept
+    assert CALLS[-1] == ("apply", "cpuset", False)
 
 
 def test_hold_is_only_for_a_suppress_step(tmp_path):
