@@ -35,7 +35,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from sloguard.actuators.ledger import AuditEntry, Ledger, RungState
+from sloguard.actuators.ledger import AuditEntry, Descent, Ledger, RungState
 from sloguard.actuators.policy import Policy, PolicySet, Rung, StepSpec
 from sloguard.actuators.step import (
     DONE,
@@ -83,12 +83,16 @@ class Ladder:
         self.dry_run = dry_run
         self.open_incidents = open_incidents
         self.errors: dict[str, str] = {}  # policy name -> why it cannot run
-        self._undo_due: dict[str, int] = {}
-        self._was_firing: set[str] = set()
         self._held: set[tuple[str, int]] = set()  # (policy, rung) held for stale evidence
         self._quiet: set[tuple[str, int]] = set()  # (policy, rung) held while recovering
-        self._came_down: dict[str, int] = {}  # policy -> when its incidents last stopped firing
-        self._relapses: dict[str, int] = {}  # policy -> relapses in a row (see _tick_policy)
+        # between episodes, persisted (Descent): a restart keeps a relapse back-off
+        self._saved = ledger.descents()
+        self._undo_due = {n: d.undo_due_ns for n, d in self._saved.items() if d.undo_due_ns}
+        self._was_firing = {n for n, d in self._saved.items() if d.firing}
+        # policy -> when its incidents last stopped firing; relapses in a row (_count_relapse)
+        self._came_down = {n: d.came_down_ns for n, d in self._saved.items()
+                           if d.came_down_ns is not None}
+        self._relapses = {n: d.relapses for n, d in self._saved.items() if d.relapses}
 
     # -- the engine's hooks ------------------------------------------------------------------
 
@@ -114,9 +118,17 @@ class Ladder:
             rows = sorted(in_force.get(name, []), key=lambda r: r.rung)
             try:
                 self._tick_policy(name, rows, by_policy.get(name, []), now_ns)
+                self._save_descent(name)
             except Exception as exc:  # one policy's trouble must not stop the others
                 self.errors[name] = f"policy {name!r}: {exc.__class__.__name__}: {exc}"[:500]
                 log.exception("policy %s: the escalation ladder failed", name)
+
+    def _save_descent(self, name: str) -> None:
+        descent = Descent(name in self._was_firing, self._came_down.get(name),
+                          self._relapses.get(name, 0), self._undo_due.get(name, 0))
+        if self._saved.get(name, Descent()) != descent:
+            self.ledger.put_descent(name, descent)
+            self._saved[name] = descent
 
     def _tick_policy(self, name: str, rows: list[RungState], firing: list[Incident],
                      now_ns: int) -> None:

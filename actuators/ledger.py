@@ -39,6 +39,13 @@ CREATE TABLE IF NOT EXISTS episodes (
     lever_order TEXT NOT NULL,
     started_ns INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS descents (
+    policy TEXT PRIMARY KEY,
+    firing INTEGER NOT NULL,
+    came_down_ns INTEGER,
+    relapses INTEGER NOT NULL,
+    undo_due_ns INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS levers (
     kind TEXT PRIMARY KEY,
     tried INTEGER NOT NULL DEFAULT 0,
@@ -81,6 +88,17 @@ class RungState:
     spec: dict[str, Any] | None = None  # the step as configured, to undo it even if the policy
     target: str = ""  # file changed since
     last_ns: int = 0  # the latest attempt (a retry, a repeat); `repeat` runs from here
+
+
+@dataclass(frozen=True)
+class Descent:
+    """Where a policy is between episodes, kept so that a restart neither forgets a relapse
+    back-off nor takes a restart for a relapse."""
+
+    firing: bool = False  # an incident under the policy fired on the last tick
+    came_down_ns: int | None = None  # when its incidents last stopped firing
+    relapses: int = 0  # relapses in a row
+    undo_due_ns: int = 0  # nothing is lifted before this
 
 
 @dataclass
@@ -163,6 +181,21 @@ class Ledger:
     def end_episode(self, policy: str) -> None:
         with self._lock:
             self._conn.execute("DELETE FROM episodes WHERE policy = ?", (policy,))
+
+    def descents(self) -> dict[str, Descent]:
+        with self._lock:
+            rows = self._conn.execute("SELECT policy, firing, came_down_ns, relapses, "
+                                      "undo_due_ns FROM descents").fetchall()
+        return {r[0]: Descent(bool(r[1]), r[2], r[3], r[4]) for r in rows}
+
+    def put_descent(self, policy: str, descent: Descent) -> None:
+        with self._lock:
+            if descent == Descent():
+                self._conn.execute("DELETE FROM descents WHERE policy = ?", (policy,))
+                return
+            self._conn.execute("INSERT OR REPLACE INTO descents VALUES (?,?,?,?,?)",
+                               (policy, int(descent.firing), descent.came_down_ns,
+                                descent.relapses, descent.undo_due_ns))
 
     def lever_record(self, kind: str, worked: bool) -> None:
         with self._lock:

@@ -896,10 +896,12 @@ def test_a_successful_repeat_records_what_the_step_now_says_is_in_force(tmp_path
     assert CALLS[-1] == ("undo", "first", False)  # Mark.undo checks the data it is given
 
 
-def test_relapses_after_undo_back_off_the_next_undo(tmp_path):
+@pytest.mark.parametrize("restart", [False, True])
+def test_relapses_after_undo_back_off_the_next_undo(tmp_path, restart):
     """A lever that ended the interference is lifted; the interference comes back (the BE it
     was holding down still runs): each relapse in a row doubles the wait before the next
-    descent lifts anything, and a recovery that lasts past relapse_window starts afresh."""
+    descent lifts anything, and a recovery that lasts past relapse_window starts afresh.
+    An agent restarted while firing and again while waiting keeps the count and the wait."""
     h = Harness(tmp_path)
     incident = h.incident(0)
     for second in (0, 10, 15):
@@ -913,10 +915,14 @@ def test_relapses_after_undo_back_off_the_next_undo(tmp_path):
         again = h.incident(at)
         for second in (at, *climb):
             h.tick(second, [again])
+            if restart:  # not a relapse of its own
+                h.open()
         assert CALLS[-1] == ("apply", "cpu_idle", False)  # the lever that worked
         for second in range(recovered, recovered + 60):
             before = len(CALLS)
             h.tick(second, [])
+            if restart and second == recovered + 1:
+                h.open()
             if ("undo", "cpu_idle", False) in CALLS[before:]:
                 return second
         return None
