@@ -296,8 +296,12 @@ class Ladder:
             return
         row = rows[-1]
         done = self._undo(row, now_ns, f"no incident under policy {name} fires any more")
-        if done and len(rows) == 1:
-            self.ledger.end_episode(name)  # all the way down: the next episode starts afresh
+        if done and all(r.status in (FAILED, SKIPPED) for r in rows[:-1]):
+            # all the way down (what is left never changed anything): the next episode starts
+            # afresh, with the levers that worked here first
+            for left in rows[:-1]:
+                self.ledger.remove(left.policy, left.rung)
+            self.ledger.end_episode(name)
         self._undo_due[name] = now_ns + (int(hold * 1e9) if done else backoff_ns(
             row.undo.get("_undo_attempts", 1)))
 

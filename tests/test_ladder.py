@@ -466,6 +466,35 @@ def test_a_lever_that_changed_nothing_does_not_cost_the_next_one_its_hold(tmp_pa
     assert CALLS[-1] == ("apply", "cpuset", False)
 
 
+def test_an_episode_ends_with_its_last_lever_lifted_and_the_next_tries_the_winner_first(
+        tmp_path):
+    """Only a rung that never changed anything (a notify with no notifier, say) left in
+    force: the episode is over, and interference back before another undo_hold starts a new
+    one with the lever that worked in front (it once resumed the old order)."""
+    h = Harness(tmp_path, """\
+policies:
+  - name: guard
+    undo_hold: 10s
+    steps:
+      - step: lever_gone
+      - step: suppress
+        hold: 5s
+        levers:
+          - step: lever_a
+          - step: lever_b
+""")
+    incident = h.incident(0)
+    for second in (0, 5):
+        h.tick(second, [incident])
+    assert [c[1] for c in CALLS] == ["cpu_idle", "cpuset"]
+    for second in (6, 16):  # recovered: cpuset, then cpu_idle lifted
+        h.tick(second, [])
+    assert h.ledger.rungs() == [] and h.ledger.episode("guard") is None
+    CALLS.clear()
+    h.tick(18, [h.incident(18)])
+    assert CALLS == [("apply", "cpuset", False)]
+
+
 def test_hold_is_only_for_a_suppress_step(tmp_path):
     path = tmp_path / "bad.yaml"
     for where, at in (
