@@ -1,12 +1,13 @@
-"""The third suppression lever: a CFS quota on BE, sized as Koordinator's BE CPU suppress does.
+"""The last suppression lever: a CFS quota on BE, sized as Koordinator's BE CPU suppress does.
 
     BE quota = node capacity x threshold_percent / 100 - CPU used by everything but BE
                (never below min_cores)
 
 Measured in colocation-lab (docs/actuators.md): a quota alone did NOT protect LS tail latency
 (throttled BE runs in bursts and still preempts LS; p99 stayed 10-40x baseline at 100%, 50% and
-25% of a CPU, while BE lost throughput in proportion). So it comes after SCHED_IDLE and cpuset:
-it is a throughput cap that leaves LS and the system their share of the node, not a latency fix.
+25% of a CPU, while BE lost throughput in proportion). So it comes after SCHED_IDLE, cpuset and
+memory_limit: it is a throughput cap that leaves LS and the system their share of the node, not
+a latency fix.
 
 "Everything but BE" is measured, not taken from the store (a step has none): the cgroup CPU
 counters of the hierarchy root (all tasks) and of the BE cgroups are read `sample` seconds apart

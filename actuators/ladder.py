@@ -4,7 +4,8 @@ Per policy, the node climbs rung by rung: rung k+1 is applied when an incident u
 policy is still firing `after` seconds past rung k (the hold in which the previous lever had its
 chance to help) and its condition crosses now. Rungs whose `after` is already over (`after: 0s`)
 follow in the same tick, except that a suppress step's levers go on one per tick at most: each
-lever gets its hold. An incident whose condition has stopped crossing (`quiet_since_ns`:
+lever that took effect gets its hold (one that changed nothing, or failed for good, does not
+hold up the next). An incident whose condition has stopped crossing (`quiet_since_ns`:
 recovering through its rule's `recover_for`, or in the hysteresis band) may be recovering under
 the levers in force: while every incident under the policy is quiet, the ladder holds (nothing
 applied, nothing undone, no `repeat`), so no lever is stacked needlessly and the lever in force
@@ -114,21 +115,37 @@ class Ladder:
         in_force: dict[str, list[RungState]] = defaultdict(list)
         for row in self.ledger.rungs():
             in_force[row.policy].append(row)
-        for name in sorted(set(by_policy) | set(in_force)):
+        # a policy that fired on the last tick is visited too: its end is a transition even
+        # when it never had a rung in force; so is one whose file is gone, to be forgotten
+        gone = {n for n in self._saved if self.policies.get(n) is None}
+        for name in sorted(set(by_policy) | set(in_force) | self._was_firing | gone):
             rows = sorted(in_force.get(name, []), key=lambda r: r.rung)
             try:
                 self._tick_policy(name, rows, by_policy.get(name, []), now_ns)
+                if self.policies.get(name) is None and not rows and name not in by_policy:
+                    self._forget(name)  # removed, and nothing of it left in force
                 self._save_descent(name)
             except Exception as exc:  # one policy's trouble must not stop the others
                 self.errors[name] = f"policy {name!r}: {exc.__class__.__name__}: {exc}"[:500]
                 log.exception("policy %s: the escalation ladder failed", name)
 
+    def _forget(self, name: str) -> None:
+        self._was_firing.discard(name)
+        for state in (self._came_down, self._relapses, self._undo_due):
+            state.pop(name, None)
+
     def _save_descent(self, name: str) -> None:
-        descent = Descent(name in self._was_firing, self._came_down.get(name),
-                          self._relapses.get(name, 0), self._undo_due.get(name, 0))
+        """Written on a change only: the state moves at transitions (firing starts or stops,
+        a relapse, an undo), not on every tick."""
+        descent = Descent(firing=name in self._was_firing,
+                          came_down_ns=self._came_down.get(name),
+                          relapses=self._relapses.get(name, 0),
+                          undo_due_ns=self._undo_due.get(name, 0))
         if self._saved.get(name, Descent()) != descent:
             self.ledger.put_descent(name, descent)
             self._saved[name] = descent
+        if descent == Descent():
+            self._saved.pop(name, None)
 
     def _tick_policy(self, name: str, rows: list[RungState], firing: list[Incident],
                      now_ns: int) -> None:
@@ -143,6 +160,11 @@ class Ladder:
             self._climb(policy, rows, firing, now_ns)
             self._was_firing.add(name)
         else:
+            if self._unevaluated(name):
+                # Still firing in the store, but not evaluated (its rule file failed to load
+                # after a restart, say): not a recovery. Hold every lever where it is, and do
+                # not count the episode as over (no credit, no relapse when it is back).
+                return
             if name in self._was_firing:
                 self._was_firing.discard(name)
                 self._learn(name, rows)
@@ -152,6 +174,10 @@ class Ladder:
             self._held = {held for held in self._held if held[0] != name}
             self._quiet = {held for held in self._quiet if held[0] != name}
             self._descend(name, policy, rows, now_ns)
+
+    def _unevaluated(self, name: str) -> bool:
+        return any(i.policy == name and i.state == FIRING and i.node == self.node
+                   for i in self.open_incidents())
 
     def _count_relapse(self, policy: Policy, now_ns: int) -> None:
         """Interference back within `relapse_window` of the last recovery is a relapse: the
@@ -222,9 +248,9 @@ class Ladder:
         """Apply every rung that is due now, not one per tick: with `after: 0s` the next rung
         must not wait for the agent's next tick (the first lever is wanted within seconds of
         firing). A suppress step's levers stay one per tick, since each lever needs its hold
-        to show an effect before the next goes on top of it; a lever that changed nothing
-        (unavailable here, nothing to do, or failed: it is retried on its own backoff) has no
-        effect to wait for, so the next lever follows at once."""
+        to show an effect before the next goes on top of it; a lever that changed nothing and
+        will not (unavailable here, nothing to do, failed for good) has no effect to wait for,
+        so the next lever follows at once."""
         k = rows[-1].rung + 1 if rows else 0
         base = rows[-1].applied_ns if rows else min(i.fired_ns or i.started_ns for i in firing)
         previous = f"{rows[-1].kind} did not end it" if rows else "first rung"
@@ -257,14 +283,17 @@ class Ladder:
             since = (now_ns - (driver.fired_ns or driver.started_ns)) / 1e9
             reason = (f"{driver.rule} firing for {since:.0f}s; {previous}; rung "
                       f"{k + 1}/{len(rungs)} of policy {policy.name}")
-            status = self._apply(policy, rung, driver, now_ns, 1, reason)
+            result = self._apply(policy, rung, driver, now_ns, 1, reason)
             no_effect = None
             previous = f"right after {rung.spec.step}"
-            if rung.lever_group is not None and status in (DONE, PROPOSED):
-                lever_groups.add(rung.lever_group)
-            elif rung.lever_group is not None:
+            if rung.lever_group is not None and (
+                    result.status == SKIPPED or (result.status == FAILED and not result.retry)):
                 no_effect = rung.lever_group
-                previous = f"{rung.spec.step} {status}: no effect to wait for"
+                previous = f"{rung.spec.step} {result.status}: no effect to wait for"
+            elif rung.lever_group is not None:
+                # in force, or failed and retried soon: the retry must not land on top of the
+                # next lever in the middle of its hold
+                lever_groups.add(rung.lever_group)
             base, k = now_ns, k + 1
 
     @staticmethod
@@ -279,11 +308,6 @@ class Ladder:
                 self.ledger.end_episode(name)
             return
         if now_ns < self._undo_due.get(name, 0):
-            return
-        if any(i.policy == name and i.state == FIRING and i.node == self.node
-               for i in self.open_incidents()):
-            # Still firing in the store, but not evaluated (its rule file failed to load after
-            # a restart, say): not a recovery. Hold every lever where it is.
             return
         hold = policy.spec.undo_hold if policy is not None else 30.0
         rows = list(rows)
@@ -313,7 +337,7 @@ class Ladder:
                            resource)
 
     def _apply(self, policy: Policy, rung: Rung, incident: Incident, now_ns: int,
-               attempts: int, reason: str, first_ns: int | None = None) -> str:
+               attempts: int, reason: str, first_ns: int | None = None) -> StepResult:
         spec = rung.spec
         dry_run = self.dry_run or spec.dry_run
         result = self._attempt(rung, incident, dry_run, now_ns, reason)
@@ -328,7 +352,7 @@ class Ladder:
         if result.status == FAILED:
             log.error("policy %s: %s failed: %s%s", policy.name, spec.step, result.detail,
                       " (will retry)" if retry_ns else "")
-        return result.status
+        return result
 
     def _repeat(self, policy: Policy, rung: Rung, row: RungState, incident: Incident,
                 now_ns: int, reason: str) -> None:

@@ -186,9 +186,12 @@ class Ledger:
         with self._lock:
             rows = self._conn.execute("SELECT policy, firing, came_down_ns, relapses, "
                                       "undo_due_ns FROM descents").fetchall()
-        return {r[0]: Descent(bool(r[1]), r[2], r[3], r[4]) for r in rows}
+        return {r[0]: Descent(firing=bool(r[1]), came_down_ns=r[2], relapses=r[3],
+                              undo_due_ns=r[4]) for r in rows}
 
     def put_descent(self, policy: str, descent: Descent) -> None:
+        """A policy with nothing to remember has no row, so the table holds only policies
+        between episodes and does not grow with every policy ever loaded."""
         with self._lock:
             if descent == Descent():
                 self._conn.execute("DELETE FROM descents WHERE policy = ?", (policy,))

@@ -17,7 +17,7 @@ from sloguard.actuators.kinds import StepFactory
 from sloguard.actuators.ladder import Ladder
 from sloguard.actuators.ledger import Ledger
 from sloguard.actuators.policy import PolicyFileError, PolicySet, load_policy_file
-from sloguard.actuators.step import DONE, FAILED, PROPOSED, StepContext, StepResult
+from sloguard.actuators.step import DONE, FAILED, PROPOSED, SKIPPED, StepContext, StepResult
 from sloguard.incidents import FIRING, Evidence, Incident
 from sloguard.store.incidents_db import IncidentStore
 
@@ -105,6 +105,16 @@ class LeverGone(Mark):
         return "no resctrl filesystem"
 
 
+class LeverBroken(Mark):
+    kind: ClassVar[str] = "lever_broken"
+
+    def __init__(self, params: dict[str, Any], env: ActuatorEnv) -> None:
+        self.name = "broken"
+
+    def apply(self, ctx: StepContext) -> StepResult:
+        return StepResult(FAILED, f"node/{ctx.node}", "cpu.idle not writable here")
+
+
 class Untidy(Mark):
     """A step that breaks the contract: its undo data is not JSON (a set)."""
 
@@ -124,7 +134,7 @@ class Untidy(Mark):
 
 KINDS = {"mark": f"{__name__}:Mark", "lever_a": f"{__name__}:LeverA",
          "lever_b": f"{__name__}:LeverB", "untidy": f"{__name__}:Untidy",
-         "lever_gone": f"{__name__}:LeverGone"}
+         "lever_gone": f"{__name__}:LeverGone", "lever_broken": f"{__name__}:LeverBroken"}
 
 
 class Harness:
@@ -438,32 +448,54 @@ policies:
 """
 
 
-@pytest.mark.parametrize("why", ["unavailable", "failed"])
-def test_a_lever_that_changed_nothing_does_not_cost_the_next_one_its_hold(tmp_path, why):
-    """A lever missing on this node (or one that failed, retried on its backoff) has no
-    effect to wait for: the next lever comes in the same tick, not a hold later."""
-    h = Harness(tmp_path, NO_EFFECT)
-    if why == "failed":
-        Mark.fail_name, Mark.fail_times = "cpu_idle", 1
+@pytest.mark.parametrize("lever", ["lever_gone", "lever_broken"])
+def test_a_lever_that_changed_nothing_does_not_cost_the_next_one_its_hold(tmp_path, lever):
+    """A lever missing on this node, or one that failed for good, has no effect to wait for:
+    the next lever comes in the same tick, not a hold later."""
+    h = Harness(tmp_path, NO_EFFECT.replace("lever_gone", lever))
     incident = h.incident(0)
     h.tick(0, [incident])
     steps = [(a.step, a.status) for a in h.incidents.get("inc-1").actions]
-    if why == "unavailable":  # skipped, then lever_a at once; lever_b still waits its hold
-        assert steps == [("lever_gone", "skipped"), ("lever_a", DONE)]
-        assert CALLS == [("apply", "cpu_idle", False)]
-    else:  # skipped and failed, then lever_b at once
-        assert steps == [("lever_gone", "skipped"), ("lever_a", FAILED), ("lever_b", DONE)]
-        assert CALLS == [("apply", "cpuset", False)]
-        [taken] = [e for e in h.ledger.audit_log() if e.kind == "lever_b"]
-        assert "lever_a failed: no effect to wait for" in taken.reason
-    if why == "failed":
-        h.tick(5, [incident])  # the failed lever is retried on its own backoff
-        assert CALLS[-1] == ("apply", "cpu_idle", False)
-        return
+    assert steps == [(lever, SKIPPED if lever == "lever_gone" else FAILED), ("lever_a", DONE)]
+    [taken] = [e for e in h.ledger.audit_log() if e.kind == "lever_a"]
+    assert f"{lever} {steps[0][1]}: no effect to wait for" in taken.reason
     h.tick(9, [incident])
-    assert len(CALLS) == 1
+    assert CALLS == [("apply", "cpu_idle", False)]
     h.tick(10, [incident])  # a lever that did something: its hold was kept
     assert CALLS[-1] == ("apply", "cpuset", False)
+
+
+def test_a_lever_that_failed_and_will_be_retried_keeps_its_hold(tmp_path):
+    """The retry must not land on the next lever in the middle of that lever's hold."""
+    h = Harness(tmp_path, NO_EFFECT)
+    Mark.fail_name, Mark.fail_times = "cpu_idle", 1
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    steps = [(a.step, a.status) for a in h.incidents.get("inc-1").actions]
+    assert steps == [("lever_gone", SKIPPED), ("lever_a", FAILED)] and CALLS == []
+    h.tick(5, [incident])  # retried on its backoff
+    h.tick(9, [incident])
+    assert CALLS == [("apply", "cpu_idle", False)]
+    h.tick(10, [incident])
+    assert CALLS[-1] == ("apply", "cpuset", False)
+
+
+def test_a_restart_with_the_rule_unevaluated_is_not_a_recovery_nor_then_a_relapse(tmp_path):
+    """After a restart whose rule file fails to load, the incident is open in the store but
+    not evaluated: no lever is credited, and its evaluation coming back is no relapse."""
+    h = Harness(tmp_path)
+    incident = h.incident(0)
+    for second in (0, 10, 15):
+        h.tick(second, [incident])
+    h.open()
+    for second in (16, 30, 60):
+        h.tick(second, [], unevaluated=True)
+    assert h.ledger.lever_stats() == {} and CALLS[-1] == ("apply", "cpu_idle", False)
+    h.tick(61, [incident])  # evaluated again (and climbing), then recovered: no back-off
+    assert CALLS[-1] == ("apply", "cpuset", False)
+    CALLS.clear()
+    h.tick(62, [])
+    assert CALLS == [("undo", "cpuset", False)]
 
 
 def test_an_episode_ends_with_its_last_lever_lifted_and_the_next_tries_the_winner_first(
@@ -966,3 +998,19 @@ def test_relapses_after_undo_back_off_the_next_undo(tmp_path, restart):
     # recovered for longer than relapse_window: a new episode climbs from the bottom, and its
     # descent starts at once
     assert relapse(300, 320, climb=(310, 315)) == 320
+
+
+def test_an_episode_without_a_rung_still_ends_and_a_removed_policy_is_forgotten(tmp_path):
+    """A policy whose incident fired but stayed quiet (no rung ever applied) is still seen to
+    stop firing; once its file is gone, nothing of it stays in the ledger."""
+    h = Harness(tmp_path)
+    incident = h.incident(0)
+    incident.quiet_since_ns = T0  # recovering from its first tick on: the ladder holds
+    h.tick(0, [incident])
+    assert CALLS == [] and h.ledger.descents()["guard"].firing
+    h.tick(1, [])
+    assert not h.ledger.descents()["guard"].firing
+    (tmp_path / "policies" / "p.yaml").unlink()
+    h.policies.reload()
+    h.tick(2, [])
+    assert h.ledger.descents() == {}

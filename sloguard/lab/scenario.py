@@ -46,7 +46,8 @@ class _Strict(BaseModel):
 
 class SloSpec(_Strict):
     percentile: str = Field("p99", description="the objective's percentile (p50..p999)")
-    latency_ms: float = Field(0.5, gt=0, description="the percentile must stay at or under this")
+    latency_ms: float = Field(0.25, gt=0, description="the percentile must stay at or under "
+                                                         "this (the agent defends it)")
     window: Duration = Field(2.0, gt=0, description="requests of this recent window count")
 
 
