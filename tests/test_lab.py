@@ -49,7 +49,7 @@ def test_shipped_scenarios_load_and_cover_the_issue_antagonists() -> None:
         assert total == pytest.approx(episodes[-1].end_s + spec.schedule.quiet)
 
 
-def test_a_broken_scenario_names_file_line_and_field(tmp_path: Path) -> None:
+def test_a_broken_scenario_names_file_line_and_field(tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("name: bad\nschedule:\n  quiet: 5s\n  episodes:\n"
                     "    - {antagonist: gpu, duration: 10s}\n")
@@ -59,6 +59,10 @@ def test_a_broken_scenario_names_file_line_and_field(tmp_path: Path) -> None:
     assert "antagonist" in str(caught.value)
     with pytest.raises(ScenarioError, match=r"shipped: .*cache"):
         find_scenario("no-such-scenario")
+    # `--report-only` run where --out holds the ways' results: ./cache is a directory there
+    (tmp_path / "cache").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert find_scenario("cache").name == "cache.yaml"
 
 
 def test_short_variant_keeps_the_antagonists() -> None:

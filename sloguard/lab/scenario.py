@@ -112,8 +112,8 @@ def load_scenario(path: Path) -> ScenarioSpec:
 def find_scenario(name_or_path: str) -> Path:
     """A path as given, else a scenario shipped with sloguard (`cpu`, `cache`, ...)."""
     path = Path(name_or_path)
-    if path.exists():
-        return path
+    if path.is_file():
+        return path  # (a directory of that name, like a way's results in --out, is not one)
     shipped = SCENARIO_DIR / f"{name_or_path}.yaml"
     if shipped.exists():
         return shipped
