@@ -160,10 +160,13 @@ class Ladder:
             self._climb(policy, rows, firing, now_ns)
             self._was_firing.add(name)
         else:
-            if self._unevaluated(name):
-                # Still firing in the store, but not evaluated (its rule file failed to load
-                # after a restart, say): not a recovery. Hold every lever where it is, and do
-                # not count the episode as over (no credit, no relapse when it is back).
+            # Still firing in the store, but not evaluated (its rule file failed to load after
+            # a restart, say): not a recovery. Hold every lever where it is, and do not count
+            # the episode as over (no credit, no relapse when it is back). The store is asked
+            # only when an end or an undo is at stake, not on every tick of a wait.
+            at_stake = name in self._was_firing or (
+                bool(rows) and now_ns >= self._undo_due.get(name, 0))
+            if at_stake and self._unevaluated(name):
                 return
             if name in self._was_firing:
                 self._was_firing.discard(name)

@@ -119,10 +119,12 @@ def test_a_lever_still_in_force_at_an_episode_start_mitigates_it_from_its_first_
     held = way_stats(_result("guarded", [_action(8.0, "cpuset")]))
     assert held.episodes[0].first_action_s == 0.0
     assert held.episodes[0].first_action == "cpuset (in force at the start)"
+    assert held.episodes[0].carried  # the report's "needed a new action" leaves it out
     lifted = way_stats(_result("guarded", [_action(8.0, "cpuset"),
                                            _action(9.0, "cpuset", "undo", "undone"),
                                            _action(11.0, "cpu_idle")]))
     assert lifted.episodes[0].first_action_s == pytest.approx(1.0)
+    assert not lifted.episodes[0].carried
 
 
 def test_proposals_count_for_the_shadow_way_and_the_baseline_has_no_be() -> None:

@@ -50,6 +50,7 @@ class EpisodeTiming:
     first_action_s: float | None  # ... to the first mitigating action (taken or proposed)
     first_action: str = ""
     p99_ms: float = math.nan  # LS p99 while this episode ran
+    carried: bool = False  # a lever still in force from before counted as its first action
 
 
 @dataclass
@@ -115,7 +116,7 @@ def way_stats(result: WayResult) -> WayStats:
             delay, what = None, ""
         stats.episodes.append(EpisodeTiming(
             episode.antagonist, start, end, None if fire is None else fire - start, delay, what,
-            percentile(lat[(t_s >= start) & (t_s < end)], 99)))
+            percentile(lat[(t_s >= start) & (t_s < end)], 99), carried=bool(held)))
     stats.quiet_actions = [a for a in applied if not any(
         start <= a["t"] < end + GRACE_S for start, end in spans)]
     return stats

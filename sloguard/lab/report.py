@@ -115,7 +115,7 @@ def markdown(reports: list[ScenarioReport], out: Path, header: str) -> str:
     median = statistics.median(delays) if delays else None
     fresh = [e.first_action_s for r in reports if "guarded" in r.stats
              for e in r.stats["guarded"].episodes
-             if e.first_action_s is not None and "in force" not in e.first_action]
+             if e.first_action_s is not None and not e.carried]
     fresh_median = statistics.median(fresh) if fresh else None
     lines.append(f"| median delay to the first mitigating action <= {TARGET_DELAY_S:g} s "
                  f"(guarded) | {_s(median)} s over {len(delays)} episodes"
