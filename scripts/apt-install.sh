@@ -9,24 +9,9 @@
 # Needs root (or passwordless sudo) when something must be installed.
 set -euo pipefail
 
-export DEBIAN_FRONTEND=noninteractive
-exec </dev/null
-
-NAME="$1"
+LOG_NAME="$1"
 shift
-log() { printf '[%s] %s\n' "${NAME}" "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-
-SUDO=()
-if [[ "$(id -u)" -ne 0 ]] && command -v sudo >/dev/null 2>&1; then
-    SUDO=(sudo -n)
-fi
-as_root() {
-    if [[ "$(id -u)" -ne 0 && ${#SUDO[@]} -eq 0 ]]; then
-        die "need root (or passwordless sudo) to run: $*"
-    fi
-    "${SUDO[@]}" "$@"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/setup-lib.sh"
 
 missing=()
 binaries=()

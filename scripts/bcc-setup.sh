@@ -41,22 +41,8 @@ fi
 DIST_BCC="/usr/lib/python3/dist-packages/bcc"
 TRACEFS="/sys/kernel/tracing"
 
-export DEBIAN_FRONTEND=noninteractive
-exec </dev/null
-
-log() { printf '[bcc-setup] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-
-SUDO=()
-if [[ "$(id -u)" -ne 0 ]] && command -v sudo >/dev/null 2>&1; then
-    SUDO=(sudo -n)
-fi
-as_root() {
-    if [[ "$(id -u)" -ne 0 && ${#SUDO[@]} -eq 0 ]]; then
-        die "need root (or passwordless sudo) to run: $*"
-    fi
-    "${SUDO[@]}" "$@"
-}
+LOG_NAME=bcc-setup
+source "$(dirname "${BASH_SOURCE[0]}")/setup-lib.sh"
 
 # ------------------------------------------------------------------------------ packages
 installed() {

@@ -27,24 +27,8 @@ BIN_DIR="${CACHE_DIR}/bin"
 SUMS_FILE="${BIN_DIR}/SHA256SUMS"
 BINARIES=(kube-apiserver kube-controller-manager etcd etcdctl kubectl)
 
-export DEBIAN_FRONTEND=noninteractive
-exec </dev/null
-
-log() { printf '[kube-testenv] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-
-SUDO=()
-if [[ "$(id -u)" -ne 0 ]]; then
-    if command -v sudo >/dev/null 2>&1; then
-        SUDO=(sudo -n)
-    fi
-fi
-as_root() {
-    if [[ "$(id -u)" -ne 0 && ${#SUDO[@]} -eq 0 ]]; then
-        die "need root (or passwordless sudo) to run: $*"
-    fi
-    "${SUDO[@]}" "$@"
-}
+LOG_NAME=kube-testenv
+source "$(dirname "${BASH_SOURCE[0]}")/setup-lib.sh"
 
 # --------------------------------------------------------------------------- verification
 # Prints the version check result for one binary; returns non-zero when it does not match.
