@@ -10,7 +10,11 @@ the client itself was on time.
 The client must not be a victim of the interference it measures (colocation-lab.md: a
 co-located client at normal priority measured mostly its own lateness). It asks for
 SCHED_FIFO, as a remote client on an idle machine would be: the BE stressors, at normal
-priority, then cannot delay its sends.
+priority, then cannot delay its sends. Nor may the client delay the server: a real-time client
+on the LS service's core preempts it at every send (traced here: ~118,000 preemptions of redis
+by the client in 28 s, and an LS p99 that depended on which core the client last woke on). A
+remote client costs the server none of its CPU, so the lab keeps the client off the LS cores
+(`--cpus`).
 
 Run as a child process; records go to stdout as little-endian int64 triples
 (intended_ns, sent_ns, done_ns) in CLOCK_REALTIME nanoseconds, written every 100 ms; a request
@@ -76,6 +80,26 @@ def realtime(priority: int) -> str:
         return f"SCHED_FIFO {priority}"
     except OSError as exc:
         return f"normal priority: SCHED_FIFO refused ({exc.strerror})"
+
+
+def pin(cpus: set[int] | None) -> str:
+    """Keep to `cpus`; what was done, as text for the report."""
+    if not cpus:
+        return "any CPU"
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as exc:
+        return f"any CPU: pinning to {sorted(cpus)} refused ({exc.strerror})"
+    return "CPUs " + ",".join(map(str, sorted(cpus)))
+
+
+def cpu_set(text: str) -> set[int]:
+    """`1-3,5` -> {1, 2, 3, 5}; empty: no restriction."""
+    cpus: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
 
 
 def run(host: str, port: int, rate: float, duration: float, keys: int, value_size: int,
@@ -152,10 +176,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--value-size", type=int, default=256)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rt-priority", type=int, default=20, help="0: stay at normal priority")
+    parser.add_argument("--cpus", default="", help="run only on these CPUs (a cpulist such as "
+                        "1-3); empty: any")
     parser.add_argument("--start-ns", type=int, default=None,
                         help="CLOCK_REALTIME ns of the first request (default: now)")
     args = parser.parse_args(argv)
-    print(realtime(args.rt_priority), file=sys.stderr, flush=True)
+    print(f"{realtime(args.rt_priority)} on {pin(cpu_set(args.cpus))}", file=sys.stderr,
+          flush=True)
     run(args.host, args.port, args.rate, args.duration, args.keys, args.value_size, args.seed,
         sys.stdout.fileno(), start_ns=args.start_ns)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -29,6 +30,7 @@ from sloguard.lab.agent import BE_CGROUP, LS_CGROUP, LabAgent, free_port
 from sloguard.lab.antagonists import Antagonist, EpisodeRun, LabSetupError
 from sloguard.lab.cgroups import LabCgroup
 from sloguard.lab.kube import LabNode
+from sloguard.lab.loadgen import cpu_set
 from sloguard.lab.scenario import ScenarioSpec, timeline
 
 PUSH_EVERY_S = 0.5
@@ -66,10 +68,22 @@ class WayResult:
         return cls(**data, records=np.load(directory / "records.npy"))
 
 
-class Relay(threading.Thread):
-    """Reads the load generator's records; pushes each half second's latencies to the agent."""
+def client_cpus(ls_cpus: str, allowed: set[int] | None = None) -> set[int]:
+    """The CPUs the load generator and the relay keep to: every CPU the lab may use but the LS
+    service's own (loadgen.py: a client on the server's core preempts it); empty (no
+    restriction) when the LS service has no cores of its own or nothing else is left."""
+    allowed = os.sched_getaffinity(0) if allowed is None else allowed
+    ls = cpu_set(ls_cpus)
+    rest = allowed - ls
+    return rest if ls and rest else set()
 
-    def __init__(self, stdout: Any, agent: LabAgent | None) -> None:
+
+class Relay(threading.Thread):
+    """Reads the load generator's records; pushes each half second's latencies to the agent.
+    Both its threads keep to `cpus` (the client's CPUs): they are the measuring apparatus, not
+    a part of the node the LS service should have to share its core with."""
+
+    def __init__(self, stdout: Any, agent: LabAgent | None, cpus: set[int] | None = None) -> None:
         super().__init__(daemon=True, name="lab-relay")
         self.stdout = stdout
         self.agent = agent
@@ -78,8 +92,15 @@ class Relay(threading.Thread):
         self._pending: list[np.ndarray] = []
         self._lock = threading.Lock()
         self._done = threading.Event()
+        self.cpus = cpus or set()
+
+    def _pin(self) -> None:
+        if self.cpus:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(threading.get_native_id(), self.cpus)
 
     def run(self) -> None:
+        self._pin()
         pusher = threading.Thread(target=self._push_loop, daemon=True, name="lab-push")
         pusher.start()
         leftover = b""
@@ -96,6 +117,7 @@ class Relay(threading.Thread):
         pusher.join(timeout=5)
 
     def _push_loop(self) -> None:
+        self._pin()
         last = time.monotonic()
         while not self._done.wait(PUSH_EVERY_S):
             now = time.monotonic()
@@ -165,13 +187,14 @@ def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
                          kubeconfig=kubeconfig, node="sloguard-lab")
         agent.wait_ready()
         start_ns = time.time_ns() + int(lead_s * 1e9)
+        cpus = client_cpus(spec.ls.cpus)
         loadgen = subprocess.Popen(
             [sys.executable, "-m", "sloguard.lab.loadgen", "--port", str(port),
              "--rate", str(spec.ls.rate), "--duration", str(total), "--keys", str(spec.ls.keys),
              "--value-size", str(spec.ls.value_size), "--rt-priority", str(spec.ls.rt_priority),
-             "--start-ns", str(start_ns)],
+             "--start-ns", str(start_ns), "--cpus", ",".join(map(str, sorted(cpus)))],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        relay = Relay(loadgen.stdout, agent)
+        relay = Relay(loadgen.stdout, agent, cpus)
         relay.start()
         runs: list[EpisodeRun] = []
         for episode in episodes:
