@@ -345,6 +345,9 @@ def lab(
              "in shadow mode")] = None,
     report_only: Annotated[bool, typer.Option(
         help="rebuild the report from results already in --out")] = False,
+    repeat: Annotated[int, typer.Option(
+        min=1, help="run each scenario's three ways N times; targets are judged on the median "
+                    "of the runs' ratios")] = 1,
 ) -> None:
     """Run interference scenarios on this machine: an LS service under open-loop load, BE
     antagonists on a schedule, the agent guarding it or not; writes a report with plots."""
@@ -373,42 +376,46 @@ def lab(
     if short:
         specs = [shortened(s, quiet=10, episode=25, episodes=1) for s in specs]
     if report_only:
-        reports = load_session(specs, out)
-        if not reports:
+        scenarios = load_session(specs, out)
+        if not scenarios:
             typer.echo(f"sloguard: no lab results in {out}", err=True)
             raise typer.Exit(2)
-        typer.echo(f"report: {write_report(reports, out, kubeconfig)}")
+        typer.echo(f"report: {write_report(scenarios, out, kubeconfig)}")
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     lengths = {s.name: timeline(s)[1] for s in specs}  # seconds of one way
-    fractions: dict[tuple[str, str], float] = {}
+    fractions: dict[tuple[str, int, str], float] = {}
     with Progress(TextColumn("{task.description:24s}"), BarColumn(),
                   TextColumn("{task.percentage:>3.0f}%"), TimeRemainingColumn(),
                   refresh_per_second=1) as bar:
-        task = bar.add_task("lab", total=session_seconds(specs))
+        task = bar.add_task("lab", total=session_seconds(specs, repeat))
 
-        def progress(scenario: str, fraction: float, way: str) -> None:
-            fractions[(scenario, way)] = fraction
+        def progress(scenario: str, run: int, fraction: float, way: str) -> None:
+            fractions[(scenario, run, way)] = fraction
             bar.update(task, completed=sum(f * lengths[name]
-                                           for (name, _), f in fractions.items()),
-                       description=f"{scenario}: {way}")
+                                           for (name, _, _), f in fractions.items()),
+                       description=f"{scenario}: {way}"
+                                   + (f" (run {run}/{repeat})" if repeat > 1 else ""))
 
         def stop(signum: int, frame: object) -> None:
             raise KeyboardInterrupt  # every way's `finally` then removes what it started
 
         signal.signal(signal.SIGTERM, stop)
         try:
-            reports = run_session(specs, out, progress, kubeconfig=kubeconfig)
+            scenarios = run_session(specs, out, progress, kubeconfig=kubeconfig,
+                                    repeats=repeat)
         except LabSetupError as exc:
             typer.echo(f"sloguard: the lab cannot run here: {exc}", err=True)
             raise typer.Exit(2) from None
     typer.echo(f"report: {out / 'report.md'}")
-    for report in reports:
-        for way, stats in report.stats.items():
-            typer.echo(f"  {report.spec.name:6s} {way:9s} p99 {stats.p99_ms:7.3f} ms  "
-                       f"in episodes {stats.episode_p99_ms:7.3f} ms  "
-                       f"BE {stats.be_ops_per_s:9.0f} bogo-ops/s")
+    for scenario in scenarios:
+        for k, report in enumerate(scenario.runs, start=1):
+            for way, stats in report.stats.items():
+                typer.echo(f"  {report.spec.name:6s} {f'run {k} ' if repeat > 1 else ''}"
+                           f"{way:9s} p99 {stats.p99_ms:7.3f} ms  "
+                           f"in episodes {stats.episode_p99_ms:7.3f} ms  "
+                           f"BE {stats.be_ops_per_s:9.0f} bogo-ops/s")
 
 
 # The project's best general detector on NAB, with its own defaults (see README, "NAB").

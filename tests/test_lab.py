@@ -19,6 +19,7 @@ from sloguard.cli import app
 from sloguard.lab.analysis import p99_timeline, way_stats
 from sloguard.lab.antagonists import EpisodeRun, bogo_ops
 from sloguard.lab.cgroups import LabCgroup, pids_in
+from sloguard.lab.loadgen import cpu_set
 from sloguard.lab.scenario import (
     SCENARIO_DIR,
     ScenarioError,
@@ -27,7 +28,8 @@ from sloguard.lab.scenario import (
     shortened,
     timeline,
 )
-from sloguard.lab.way import WayResult, start_redis
+from sloguard.lab.session import load_session
+from sloguard.lab.way import WayResult, client_cpus, start_redis
 
 ROOT = os.geteuid() == 0
 HAVE_TOOLS = shutil.which("redis-server") is not None and shutil.which("stress-ng") is not None
@@ -133,6 +135,75 @@ def test_proposals_count_for_the_shadow_way_and_the_baseline_has_no_be() -> None
     assert way_stats(_result("baseline")).be_ops_per_s == 0.0
 
 
+def _slower(result: WayResult, factor: float) -> WayResult:
+    records = result.records.copy()
+    answered = records[:, 2] >= 0
+    records[answered, 2] = records[answered, 0] + (
+        (records[answered, 2] - records[answered, 0]) * factor).astype(np.int64)
+    result.records = records
+    return result
+
+
+def test_repeated_runs_are_judged_on_the_median_of_their_ratios(tmp_path: Path) -> None:
+    """Three runs of a scenario, kept as `--repeat 3` keeps them: each run's ratio is against
+    its own baseline, the target is judged on their median, and the median run is shown."""
+    spec = load_scenario(find_scenario("cache"))
+    factors = {1: 1.5, 2: 1.0, 3: 3.0}  # each run's guarded LS latency against its baseline
+    for k, factor in factors.items():
+        for way in spec.ways:
+            result = _result(way)
+            if way == "guarded":
+                _slower(result, factor)
+            result.save(tmp_path / "cache" / f"run-{k}" / way)
+    [scenario] = load_session([spec], tmp_path)
+    ratios = scenario.ratios("guarded", "episode_p99_ms", "baseline")
+    assert ratios == pytest.approx([1.5, 1.0, 3.0], rel=0.01)
+    assert scenario.median_ratio("guarded", "episode_p99_ms", "baseline") == pytest.approx(
+        1.5, rel=0.01)
+    assert scenario.median_run()[0] == 1
+    out = CliRunner().invoke(app, ["lab", "cache", "--report-only", "--out", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    report = (tmp_path / "report.md").read_text()
+    assert "median of 3 runs: p99 1.50x (1.50x, 1.00x, 3.00x), BE 1.00x" in report
+    assert "1.00x, 3.00x), BE 1.00x (1.00x, 1.00x, 1.00x) | **no** |" in report  # 1.5 > 1.25
+    assert "run 1's, the median one" in report
+    assert "| 3 | 5.000 | 5.000 | 15.000 | 3.00x | 1.00x |" in report
+    # one run good enough does not carry the target: the median of (0.9, 1.3, 1.4) misses it
+    for k, factor in {1: 0.9, 2: 1.3, 3: 1.4}.items():
+        _slower(_result("guarded"), factor).save(tmp_path / "cache" / f"run-{k}" / "guarded")
+    [scenario] = load_session([spec], tmp_path)
+    assert scenario.median_ratio("guarded", "episode_p99_ms", "baseline") == pytest.approx(
+        1.3, rel=0.01)
+
+
+def test_repeats_go_round_the_scenarios_into_their_own_folders(tmp_path: Path,
+                                                               monkeypatch) -> None:
+    import sloguard.lab.session as session
+
+    calls = []
+
+    def fake_way(spec, way, workdir, progress, kubeconfig=None):
+        calls.append((spec.name, workdir.relative_to(tmp_path).as_posix()))
+        progress(1.0, way)
+        result = _result(way)
+        result.save(workdir)
+        return result
+
+    monkeypatch.setattr(session, "preflight", lambda: None)
+    monkeypatch.setattr(session, "run_way", fake_way)
+    specs = [load_scenario(find_scenario(n)) for n in ("cache", "io")]
+    seen = []
+    scenarios = session.run_session(specs, tmp_path, lambda *a: seen.append(a), repeats=2)
+    assert [c[1] for c in calls[:4]] == ["cache/run-1/baseline", "cache/run-1/unguarded",
+                                         "cache/run-1/guarded", "io/run-1/baseline"]
+    assert calls[6][1] == "cache/run-2/baseline" and len(calls) == 12
+    assert [len(s.runs) for s in scenarios] == [2, 2]
+    assert ("io", 2, 1.0, "guarded") in seen
+    assert (tmp_path / "report.md").exists()
+    assert session.session_seconds(specs, 2) == 2 * session.session_seconds(specs)
+    assert [len(s.runs) for s in session.load_session(specs, tmp_path)] == [2, 2]
+
+
 def test_bogo_ops_read_from_stress_ng_yaml(tmp_path: Path) -> None:
     path = tmp_path / "m.yaml"
     path.write_text("---\nmetrics:\n    - stressor: cpu\n      bogo-ops: 1995\n"
@@ -156,26 +227,39 @@ def test_spawned_process_is_in_the_cgroup_before_it_runs() -> None:
     assert not any(path.exists() for path in cgroup.paths())
 
 
+def test_the_client_keeps_off_the_ls_cores() -> None:
+    """A remote client costs the server no CPU: the lab's client gets every CPU but the LS
+    service's own, and no restriction where nothing would be left or LS has no own cores."""
+    assert client_cpus("0", {0, 1}) == {1}
+    assert client_cpus("0-1,4", {0, 1, 2, 3, 4}) == {2, 3}
+    assert client_cpus("0-1", {0, 1}) == set()  # nothing left: run anywhere
+    assert client_cpus("", {0, 1}) == set()  # LS on every CPU: nothing to keep off
+    assert cpu_set(" 1-3,5 ") == {1, 2, 3, 5} and cpu_set("") == set()
+
+
 @needs_lab
 def test_load_generator_is_open_loop(tmp_path: Path) -> None:
     """A server stalled for 300 ms: requests due during the stall count the wait (measured from
     their intended time), and the client keeps to its schedule instead of waiting."""
     cgroup = LabCgroup(f"sloguard-labtest-{os.getpid()}/ls")
     redis, port = start_redis(cgroup, tmp_path)
+    last_cpu = max(os.sched_getaffinity(0))
     try:
         start_ns = time.time_ns() + int(1.5e9)
         proc = subprocess.Popen(
             [sys.executable, "-m", "sloguard.lab.loadgen", "--port", str(port), "--rate", "2000",
-             "--duration", "3", "--start-ns", str(start_ns)],
+             "--duration", "3", "--start-ns", str(start_ns), "--cpus", str(last_cpu)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep((start_ns - time.time_ns()) / 1e9 + 1.0)
+        time.sleep((start_ns - time.time_ns()) / 1e9 + 0.5)
+        assert os.sched_getaffinity(proc.pid) == {last_cpu}
+        time.sleep(0.5)
         redis.send_signal(signal.SIGSTOP)
         stalled_ns = time.time_ns()
         time.sleep(0.3)
         redis.send_signal(signal.SIGCONT)
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
-        assert b"SCHED_FIFO" in err
+        assert b"SCHED_FIFO" in err and f"on CPUs {last_cpu}".encode() in err
         records = np.frombuffer(out, dtype="<i8").reshape(-1, 3)
         assert 5000 < len(records) < 7000  # Poisson at 2000/s for 3 s
         assert (records[:, 2] >= 0).all()

@@ -40,6 +40,33 @@ def build(spec: ScenarioSpec, results: dict[str, WayResult]) -> ScenarioReport:
     return ScenarioReport(spec, results, {w: way_stats(r) for w, r in results.items()})
 
 
+@dataclass
+class ScenarioRuns:
+    """A scenario run several times (`sloguard lab --repeat N`). One run decides nothing near
+    a 1.25x target on a noisy machine (runs of the same way differed up to 2x here), so each
+    run's ratios are taken within the run (its own baseline, measured minutes apart from its
+    other ways) and the targets are judged on the median of those ratios."""
+
+    spec: ScenarioSpec
+    runs: list[ScenarioReport]
+
+    def ratios(self, way: str, attr: str, reference: str) -> list[float]:
+        return [r.ratio(way, attr, reference) for r in self.runs]
+
+    def median_ratio(self, way: str, attr: str, reference: str) -> float:
+        values = [v for v in self.ratios(way, attr, reference) if not math.isnan(v)]
+        return statistics.median(values) if values else math.nan
+
+    def median_run(self) -> tuple[int, ScenarioReport]:
+        """(its 1-based number, the run) whose guarded/baseline p99 ratio is the median (the
+        lower middle one of an even count): the run the detailed tables and the plot show."""
+        ratios = self.ratios("guarded", "episode_p99_ms", "baseline")
+        order = sorted(range(len(self.runs)),
+                       key=lambda i: math.inf if math.isnan(ratios[i]) else ratios[i])
+        index = order[(len(order) - 1) // 2]
+        return index + 1, self.runs[index]
+
+
 def plot(report: ScenarioReport, path: Path) -> Path:
     import matplotlib
 
@@ -103,18 +130,23 @@ def _x(value: float) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:.2f}x"
 
 
-def markdown(reports: list[ScenarioReport], out: Path, header: str) -> str:
+def markdown(scenarios: list[ScenarioRuns], out: Path, header: str) -> str:
     lines = [header, ""]
-    delays = [e.first_action_s for r in reports if "guarded" in r.stats
-              for e in r.stats["guarded"].episodes if e.first_action_s is not None]
-    missed = sum(1 for r in reports if "guarded" in r.stats
-                 for e in r.stats["guarded"].episodes if e.first_action_s is None)
-    quiet = [(r.spec.name, w, a) for r in reports for w, s in r.stats.items()
-             for a in s.quiet_actions]
-    lines += ["## Targets", "", "| target | result | met |", "|---|---|---|"]
+    guarded_episodes = [e for g in scenarios for r in g.runs if "guarded" in r.stats
+                        for e in r.stats["guarded"].episodes]
+    delays = [e.first_action_s for e in guarded_episodes if e.first_action_s is not None]
+    missed = sum(1 for e in guarded_episodes if e.first_action_s is None)
+    quiet = [(g.spec.name, k, w, a) for g in scenarios for k, r in enumerate(g.runs, start=1)
+             for w, s in r.stats.items() for a in s.quiet_actions]
+    repeated = any(len(g.runs) > 1 for g in scenarios)
+    lines += ["## Targets", ""]
+    if repeated:
+        lines += ["Each scenario ran several times; a ratio is taken within its run (against "
+                  "that run's baseline or unguarded way) and the target is judged on the median "
+                  "of the runs' ratios (each run's in brackets).", ""]
+    lines += ["| target | result | met |", "|---|---|---|"]
     median = statistics.median(delays) if delays else None
-    fresh = [e.first_action_s for r in reports if "guarded" in r.stats
-             for e in r.stats["guarded"].episodes
+    fresh = [e.first_action_s for e in guarded_episodes
              if e.first_action_s is not None and not e.carried]
     fresh_median = statistics.median(fresh) if fresh else None
     lines.append(f"| median delay to the first mitigating action <= {TARGET_DELAY_S:g} s "
@@ -125,38 +157,60 @@ def markdown(reports: list[ScenarioReport], out: Path, header: str) -> str:
                  f"{_yes(median is not None and median <= TARGET_DELAY_S and not missed)} |")
     lines.append(f"| no action in quiet periods (every way) | {len(quiet)} | "
                  f"{_yes(not quiet)} |")
-    for r in reports:
-        p99 = r.ratio("guarded", "episode_p99_ms", "baseline")
-        be = r.ratio("guarded", "be_ops_per_s", "unguarded")
-        kind = r.spec.schedule.episodes[0].antagonist
+    for g in scenarios:
+        p99 = g.median_ratio("guarded", "episode_p99_ms", "baseline")
+        be = g.median_ratio("guarded", "be_ops_per_s", "unguarded")
+        kind = g.spec.schedule.episodes[0].antagonist
         held = kind in HELD_ANTAGONISTS
         met = p99 <= TARGET_P99_RATIO and be >= TARGET_BE_RATIO
-        lines.append(f"| {r.spec.name}: LS p99 guarded <= {TARGET_P99_RATIO:g}x baseline and BE "
+        result = f"p99 {_x(p99)}, BE {_x(be)}"
+        if len(g.runs) > 1:
+            result = (f"median of {len(g.runs)} runs: p99 {_x(p99)} ("
+                      f"{_each(g.ratios('guarded', 'episode_p99_ms', 'baseline'))}), BE "
+                      f"{_x(be)} ({_each(g.ratios('guarded', 'be_ops_per_s', 'unguarded'))})")
+        lines.append(f"| {g.spec.name}: LS p99 guarded <= {TARGET_P99_RATIO:g}x baseline and BE "
                      f">= {TARGET_BE_RATIO:.0%} of unguarded{'' if held else ' (reported only)'}"
-                     f" | p99 {_x(p99)}, BE {_x(be)} | {_yes(met) if held else 'n/a'} |")
+                     f" | {result} | {_yes(met) if held else 'n/a'} |")
     lines.append("")
-    for r in reports:
-        lines += _scenario(r, out)
+    for g in scenarios:
+        lines += _scenario(g, out)
     if quiet:
-        lines += ["## Actions in quiet periods", "", "| scenario | way | t (s) | step | status |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {name} | {way} | {a['t']:.1f} | {a['kind']} | {a['status']} |"
-                  for name, way, a in quiet]
+        lines += ["## Actions in quiet periods", "", "| scenario | run | way | t (s) | step | "
+                  "status |", "|---|---|---|---|---|---|"]
+        lines += [f"| {name} | {k} | {way} | {a['t']:.1f} | {a['kind']} | {a['status']} |"
+                  for name, k, way, a in quiet]
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _each(values: list[float]) -> str:
+    return ", ".join(_x(v) for v in values)
 
 
 def _yes(ok: bool) -> str:
     return "yes" if ok else "**no**"
 
 
-def _scenario(r: ScenarioReport, out: Path) -> list[str]:
+def _scenario(g: ScenarioRuns, out: Path) -> list[str]:
+    number, r = g.median_run()
     png = plot(r, out / f"lab-{r.spec.name}.png")
-    lines = [f"## Scenario `{r.spec.name}`", "", r.spec.description, "",
-             f"![LS p99 over time, scenario {r.spec.name}]({png.name})", "",
-             "| way | requests | unanswered | p50 ms | p99 ms | p999 ms | in-episode p99 ms | "
-             "in-episode p99 vs baseline | client send lag p99 ms | BE bogo-ops/s | "
-             "BE vs unguarded |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"## Scenario `{r.spec.name}`", "", r.spec.description, ""]
+    if len(g.runs) > 1:
+        lines += ["| run | in-episode p99 ms: baseline | unguarded | guarded | guarded vs "
+                  "baseline | BE guarded vs unguarded |", "|---|---|---|---|---|---|"]
+        for k, run in enumerate(g.runs, start=1):
+            p99 = {w: run.stats[w].episode_p99_ms if w in run.stats else math.nan
+                   for w in ("baseline", "unguarded", "guarded")}
+            lines.append(f"| {k} | {_ms(p99['baseline'])} | {_ms(p99['unguarded'])} | "
+                         f"{_ms(p99['guarded'])} | "
+                         f"{_x(run.ratio('guarded', 'episode_p99_ms', 'baseline'))} | "
+                         f"{_x(run.ratio('guarded', 'be_ops_per_s', 'unguarded'))} |")
+        lines += ["", f"The plot and the tables below are run {number}'s, the median one "
+                  "(by guarded vs baseline p99).", ""]
+    lines += [f"![LS p99 over time, scenario {r.spec.name}]({png.name})", "",
+              "| way | requests | unanswered | p50 ms | p99 ms | p999 ms | in-episode p99 ms | "
+              "in-episode p99 vs baseline | client send lag p99 ms | BE bogo-ops/s | "
+              "BE vs unguarded |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for way, s in r.stats.items():
         lines.append(
             f"| {way} | {s.requests} | {s.unanswered} | {_ms(s.p50_ms)} | {_ms(s.p99_ms)} | "

@@ -1,7 +1,8 @@
 """A lab session: every scenario asked for, each run its three ways, then the report.
 
 Results are kept per way (records.npy and way.json under out/<scenario>/<way>/, with the agent's
-log and data), so a report can be rebuilt without running again (`sloguard lab --report-only`).
+log and data; out/<scenario>/run-<k>/<way>/ when the session repeats its scenarios), so a report
+can be rebuilt without running again (`sloguard lab --report-only`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from pathlib import Path
 from sloguard.lab.agent import BE_CGROUP, LS_CGROUP
 from sloguard.lab.antagonists import LabSetupError, stress_ng
 from sloguard.lab.cgroups import pids_in
-from sloguard.lab.report import ScenarioReport, build, markdown
+from sloguard.lab.report import ScenarioReport, ScenarioRuns, build, markdown
 from sloguard.lab.scenario import ScenarioSpec, timeline
 from sloguard.lab.way import WayResult, run_way
 
-Progress = Callable[[str, float, str], None]  # scenario, fraction of its way, way
+Progress = Callable[[str, int, float, str], None]  # scenario, run, fraction of its way, way
 
 
 def preflight() -> None:
@@ -44,37 +45,56 @@ def preflight() -> None:
                                 f"killed one left them: kill {' '.join(map(str, pids))})")
 
 
-def session_seconds(specs: list[ScenarioSpec]) -> float:
-    return sum(timeline(s)[1] * len(s.ways) for s in specs)
+def session_seconds(specs: list[ScenarioSpec], repeats: int = 1) -> float:
+    return repeats * sum(timeline(s)[1] * len(s.ways) for s in specs)
+
+
+def run_dir(out: Path, scenario: str, run: int, repeats: int) -> Path:
+    """Where one run of a scenario keeps its ways: out/<scenario> for a single run (as before
+    repeats existed), out/<scenario>/run-<k> when repeated."""
+    return out / scenario if repeats == 1 else out / scenario / f"run-{run}"
 
 
 def run_session(specs: list[ScenarioSpec], out: Path, progress: Progress,
-                kubeconfig: str | None = None) -> list[ScenarioReport]:
+                kubeconfig: str | None = None, repeats: int = 1) -> list[ScenarioRuns]:
+    """Every scenario's three ways, `repeats` times. Runs go round the scenarios (1st run of
+    each, then the 2nd...) so a slow drift of the machine spreads over all of them."""
     preflight()
     out.mkdir(parents=True, exist_ok=True)
-    reports = []
+    runs: dict[str, list[ScenarioReport]] = {spec.name: [] for spec in specs}
+    for k in range(1, repeats + 1):
+        for spec in specs:
+            results: dict[str, WayResult] = {}
+            for way in spec.ways:
+                results[way] = run_way(
+                    spec, way, run_dir(out, spec.name, k, repeats) / way,
+                    lambda f, w, name=spec.name, k=k: progress(name, k, f, w),
+                    kubeconfig=kubeconfig)
+            runs[spec.name].append(build(spec, results))
+    scenarios = [ScenarioRuns(spec, runs[spec.name]) for spec in specs]
+    write_report(scenarios, out, kubeconfig)
+    return scenarios
+
+
+def load_session(specs: list[ScenarioSpec], out: Path) -> list[ScenarioRuns]:
+    """The runs kept under `out` for each scenario (a single run's ways, or every run-<k>)."""
+    scenarios = []
     for spec in specs:
-        results: dict[str, WayResult] = {}
-        for way in spec.ways:
-            results[way] = run_way(spec, way, out / spec.name / way,
-                                   lambda f, w, name=spec.name: progress(name, f, w),
-                                   kubeconfig=kubeconfig)
-        reports.append(build(spec, results))
-    write_report(reports, out, kubeconfig)
-    return reports
+        folder = out / spec.name
+        numbered = sorted((d for d in folder.glob("run-*") if d.name[4:].isdigit()),
+                          key=lambda d: int(d.name[4:])) if folder.is_dir() else []
+        reports = []
+        for directory in numbered or [folder]:
+            results = {way: WayResult.load(directory / way) for way in spec.ways
+                       if (directory / way / "way.json").exists()}
+            if results:
+                reports.append(build(spec, results))
+        if reports:
+            scenarios.append(ScenarioRuns(spec, reports))
+    return scenarios
 
 
-def load_session(specs: list[ScenarioSpec], out: Path) -> list[ScenarioReport]:
-    reports = []
-    for spec in specs:
-        results = {way: WayResult.load(out / spec.name / way) for way in spec.ways
-                   if (out / spec.name / way / "way.json").exists()}
-        if results:
-            reports.append(build(spec, results))
-    return reports
-
-
-def write_report(reports: list[ScenarioReport], out: Path, kubeconfig: str | None) -> Path:
+def write_report(scenarios: list[ScenarioRuns], out: Path, kubeconfig: str | None) -> Path:
     header = "\n".join([
         "# sloguard interference lab report",
         "",
@@ -84,5 +104,5 @@ def write_report(reports: list[ScenarioReport], out: Path, kubeconfig: str | Non
            "shadow mode (no API server given)") + ". How to read it: docs/lab.md.",
     ])
     path = out / "report.md"
-    path.write_text(markdown(reports, out, header))
+    path.write_text(markdown(scenarios, out, header))
     return path
