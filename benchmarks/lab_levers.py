@@ -1,0 +1,202 @@
+"""Each suppression lever held in force, against each lab antagonist: what the levers can reach
+when they are in place from the start, apart from how fast the guardrail puts them there.
+
+The shipped policy's lever order comes from these figures (docs/lab.md). Per cell: fresh lab
+cgroups, redis on the LS core under the lab's open-loop client (off the LS core, SCHED_FIFO),
+the levers written to the BE cgroup before the antagonist starts, then `--quiet` seconds
+without BE and `--seconds` of the antagonist. The LS p99 is over the antagonist's seconds;
+ratios are against the same repeat's `base` cell (no BE) and BE throughput against the same
+repeat's `none` cell (BE, no lever): machines here are noisy, read the ratios. Repeats go round
+the cells, so a drift of the machine spreads over all of them. Root, redis-server, stress-ng.
+
+    sudo .venv/bin/python benchmarks/lab_levers.py [--antagonists cpu cache io] [--repeats 2]
+        [--cells base none cpu_idle cpuset cpu_idle+cpuset] [--plot lab-levers.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from sloguard.lab.agent import BE_CGROUP, LS_CGROUP
+from sloguard.lab.antagonists import Antagonist
+from sloguard.lab.cgroups import LabCgroup
+from sloguard.lab.loadgen import cpu_set
+from sloguard.lab.scenario import BeSpec, LsSpec
+from sloguard.lab.way import Relay, client_cpus, start_redis
+
+
+def write_cpu_idle(be: LabCgroup, ls_cpus: set[int], all_cpus: set[int]) -> None:
+    """SCHED_IDLE for BE (what the cpu_idle lever writes)."""
+    _write_each(be, "cpu.idle", "1")
+
+
+def write_cpuset(be: LabCgroup, ls_cpus: set[int], all_cpus: set[int]) -> None:
+    """BE off the LS cores (what the cpuset lever writes; v1 cpuset hierarchy)."""
+    _write_each(be, "cpuset.cpus", ",".join(map(str, sorted(all_cpus - ls_cpus))))
+
+
+LEVERS = {"cpu_idle": write_cpu_idle, "cpuset": write_cpuset}
+
+
+def _write_each(cgroup: LabCgroup, name: str, value: str) -> None:
+    written = False
+    for path in cgroup.paths():
+        if (path / name).exists():
+            (path / name).write_text(value)
+            written = True
+    if not written:
+        raise SystemExit(f"no {name} in any hierarchy of {cgroup.rel}: this lever cannot be "
+                         "held here")
+
+
+def cell(antagonist: str, levers: list[str], with_be: bool, workdir: Path, ls: LsSpec,
+         quiet: float, seconds: float) -> dict[str, float]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    ls_cgroup, be_cgroup = LabCgroup(LS_CGROUP), LabCgroup(BE_CGROUP)
+    redis = loadgen = running = None
+    try:
+        ls_cgroup.pin(ls.cpus)
+        for lever in levers:
+            LEVERS[lever](be_cgroup, cpu_set(ls.cpus), os.sched_getaffinity(0))
+        redis, port = start_redis(ls_cgroup, workdir)
+        cpus = client_cpus(ls.cpus)
+        start_ns = time.time_ns() + int(2e9)
+        loadgen = subprocess.Popen(
+            [sys.executable, "-m", "sloguard.lab.loadgen", "--port", str(port),
+             "--rate", str(ls.rate), "--duration", str(quiet + seconds + 1),
+             "--start-ns", str(start_ns), "--cpus", ",".join(map(str, sorted(cpus)))],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        relay = Relay(loadgen.stdout, None, cpus)
+        relay.start()
+        time.sleep(max(0.0, (start_ns - time.time_ns()) / 1e9) + quiet)
+        bogo_per_s = 0.0
+        if with_be:
+            running = Antagonist(antagonist, seconds, BeSpec(), be_cgroup, workdir)
+            run = running.finish(timeout=seconds + 10)
+            running = None
+            bogo_per_s = run.bogo_ops / run.seconds
+        loadgen.wait(timeout=seconds + 60)
+        relay.join(timeout=10)
+        records = relay.records()
+        due_s = (records[:, 0] - start_ns) / 1e9
+        inside = (records[:, 2] >= 0) & (due_s >= quiet) & (due_s < quiet + seconds)
+        latency_ms = (records[inside, 2] - records[inside, 0]) / 1e6
+        return {"p99_ms": float(np.percentile(latency_ms, 99)), "be_ops_per_s": bogo_per_s}
+    finally:
+        if running is not None:
+            running.kill()
+        if loadgen is not None and loadgen.poll() is None:
+            loadgen.kill()
+        if redis is not None:
+            redis.kill()
+            redis.wait()
+        with contextlib.suppress(OSError):
+            be_cgroup.remove()
+        with contextlib.suppress(OSError):
+            ls_cgroup.remove()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--antagonists", nargs="+", default=["cpu", "cache", "io"])
+    parser.add_argument("--cells", nargs="+",
+                        default=["base", "none", "cpu_idle", "cpuset", "cpu_idle+cpuset"],
+                        help="base: no BE; none: BE, no lever; else levers joined by +")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--quiet", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--json", type=Path, help="every cell's figures, one JSON per line")
+    parser.add_argument("--plot", type=Path, help="a PNG of the ratios")
+    args = parser.parse_args()
+    for name in args.cells:
+        unknown = [lever for lever in name.split("+") if name not in ("base", "none")
+                   and lever not in LEVERS]
+        if unknown:
+            parser.error(f"cell {name}: unknown lever {unknown[0]} (known: {', '.join(LEVERS)})")
+    ls = LsSpec()
+    rows: list[dict] = []
+    total = len(args.antagonists) * len(args.cells) * args.repeats
+    with tempfile.TemporaryDirectory(prefix="lab-levers-") as tmp:
+        for antagonist in args.antagonists:
+            for repeat in range(1, args.repeats + 1):
+                for name in args.cells:
+                    levers = [] if name in ("base", "none") else name.split("+")
+                    print(f"[{len(rows) + 1}/{total}] {antagonist} repeat {repeat}: {name}",
+                          file=sys.stderr, flush=True)
+                    figures = cell(antagonist, levers, name != "base",
+                                   Path(tmp) / f"{antagonist}-{repeat}-{name}", ls,
+                                   args.quiet, args.seconds)
+                    rows.append({"antagonist": antagonist, "repeat": repeat, "cell": name,
+                                 **figures})
+                    if args.json:
+                        with args.json.open("a") as out:
+                            out.write(json.dumps(rows[-1]) + "\n")
+    table = ratios(rows)
+    print(f"{'antagonist':10s} {'cell':18s} {'LS p99 vs base':>16s} {'BE vs none':>12s}  "
+          "(median of repeats; each repeat's in brackets)")
+    for (antagonist, name), (p99, be) in table.items():
+        print(f"{antagonist:10s} {name:18s} {_fmt(p99):>16s} {_fmt(be):>12s}  "
+              f"[{', '.join(f'{v:.2f}' for v in p99)}] [{', '.join(f'{v:.2f}' for v in be)}]")
+    if args.plot:
+        plot(table, args.plot)
+        print(f"plot: {args.plot}")
+
+
+def ratios(rows: list[dict]) -> dict[tuple[str, str], tuple[list[float], list[float]]]:
+    """(antagonist, cell) -> (LS p99 / base p99, BE ops / none ops), one per repeat."""
+    by = {(r["antagonist"], r["repeat"], r["cell"]): r for r in rows}
+    table: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
+    for (antagonist, repeat, name), row in by.items():
+        base = by.get((antagonist, repeat, "base"))
+        none = by.get((antagonist, repeat, "none"))
+        p99, be = table.setdefault((antagonist, name), ([], []))
+        if base:
+            p99.append(row["p99_ms"] / base["p99_ms"])
+        if none and name != "base" and none["be_ops_per_s"]:
+            be.append(row["be_ops_per_s"] / none["be_ops_per_s"])
+    return table
+
+
+def _fmt(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}x" if values else "-"
+
+
+def plot(table: dict[tuple[str, str], tuple[list[float], list[float]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for (antagonist, name), (p99, be) in table.items():
+        if name == "base" or not p99 or not be:
+            continue
+        ax.scatter(statistics.median(be), statistics.median(p99), s=30)
+        ax.annotate(f"{antagonist}: {name}", (statistics.median(be), statistics.median(p99)),
+                    fontsize=7, xytext=(4, 2), textcoords="offset points")
+    ax.axhline(1.25, color="black", ls="--", lw=0.8, label="LS p99 target (1.25x baseline)")
+    ax.axvline(0.5, color="grey", ls=":", lw=0.8, label="BE floor (50% of unguarded)")
+    ax.set_yscale("log")
+    ax.set_xlabel("BE throughput vs no lever")
+    ax.set_ylabel("LS p99 vs no BE (log)")
+    ax.set_title("levers held in force, per antagonist (median of repeats)")
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", alpha=0.25)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
