@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -68,12 +68,19 @@ class StepSpec(BaseModel):
     levers: list[StepSpec] = Field(
         default_factory=list,
         description="suppress only: the levers, tried in the order learned on this node")
+    order: Literal["learned", "written"] | None = Field(
+        None, description="suppress only: `learned` (default) tries the levers that ended "
+                          "interference on this node first; `written` always keeps the order "
+                          "of `levers`")
 
     @model_validator(mode="after")
     def _levers(self) -> StepSpec:
         if self.hold is not None and self.step != SUPPRESS:
             raise ValueError(f"only a suppress step has `hold` (the time each of its levers is "
                              f"given); {self.step} waits only its `after`")
+        if self.order is not None and self.step != SUPPRESS:
+            raise ValueError(f"only a suppress step has `order` (of its levers); {self.step} "
+                             "has none")
         if self.step == SUPPRESS:
             if not self.levers:
                 raise ValueError("suppress needs `levers`")
@@ -84,10 +91,11 @@ class StepSpec(BaseModel):
         return self
 
     def record(self) -> dict[str, Any]:
-        """The rung as the ledger keeps it. A rung is never a suppress step, so `hold` is
-        left out: an agent rolled back to a version without it can still undo what is in
-        force."""
-        return self.model_dump(exclude={"hold"} if self.hold is None else None)
+        """The rung as the ledger keeps it. A rung is never a suppress step, so `hold` and
+        `order` are left out: an agent rolled back to a version without them can still undo
+        what is in force."""
+        return self.model_dump(exclude={name for name in ("hold", "order")
+                                        if getattr(self, name) is None} or None)
 
 
 class PolicySpec(BaseModel):
@@ -134,7 +142,7 @@ class Policy:
 
     def rungs(self, lever_order: list[str] | None = None) -> list[Rung]:
         """The policy's steps flattened; levers ordered by `lever_order` (kinds that worked
-        on this node first), else as written.
+        on this node first), else (or with `order: written`) as written.
 
         A lever's `after` is its own when written (0s included: the lever is wanted at once);
         else the step's `after` for the first lever tried, which waits on the rung before the
@@ -146,7 +154,7 @@ class Policy:
                 out.append(Rung(len(out), spec))
                 continue
             levers = list(spec.levers)
-            if lever_order:
+            if lever_order and spec.order != "written":
                 rank = {kind: i for i, kind in enumerate(lever_order)}
                 levers.sort(key=lambda lever: rank.get(lever.step, len(rank)))
             for n, lever in enumerate(levers):

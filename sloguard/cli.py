@@ -373,6 +373,11 @@ def lab(
     except ScenarioError as exc:
         typer.echo(f"sloguard: {exc}", err=True)
         raise typer.Exit(2) from None
+    twice = sorted({s.name for s in specs if [t.name for t in specs].count(s.name) > 1})
+    if twice:
+        typer.echo(f"sloguard: scenario {', '.join(twice)} given more than once (to run a "
+                   "scenario several times: --repeat N)", err=True)
+        raise typer.Exit(2)
     if short:
         specs = [shortened(s, quiet=10, episode=25, episodes=1) for s in specs]
     if report_only:
@@ -386,7 +391,7 @@ def lab(
 
     lengths = {s.name: timeline(s)[1] for s in specs}  # seconds of one way
     fractions: dict[tuple[str, int, str], float] = {}
-    with Progress(TextColumn("{task.description:24s}"), BarColumn(),
+    with Progress(TextColumn("{task.description:32s}"), BarColumn(),
                   TextColumn("{task.percentage:>3.0f}%"), TimeRemainingColumn(),
                   refresh_per_second=1) as bar:
         task = bar.add_task("lab", total=session_seconds(specs, repeat))

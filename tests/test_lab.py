@@ -28,8 +28,8 @@ from sloguard.lab.scenario import (
     shortened,
     timeline,
 )
-from sloguard.lab.session import load_session
-from sloguard.lab.way import WayResult, client_cpus, start_redis
+from sloguard.lab.session import clear_results, load_session
+from sloguard.lab.way import Relay, WayResult, client_cpus, start_redis
 
 ROOT = os.geteuid() == 0
 HAVE_TOOLS = shutil.which("redis-server") is not None and shutil.which("stress-ng") is not None
@@ -61,6 +61,13 @@ def test_a_broken_scenario_names_file_line_and_field(tmp_path: Path, monkeypatch
     assert "antagonist" in str(caught.value)
     with pytest.raises(ScenarioError, match=r"shipped: .*cache"):
         find_scenario("no-such-scenario")
+    cpus = tmp_path / "cpus.yaml"
+    cpus.write_text("name: c\nls:\n  cpus: 3-1\nschedule:\n  episodes:\n"
+                    "    - {antagonist: cpu, duration: 10s}\n")
+    with pytest.raises(ScenarioError, match=rf"{cpus}:3:.*cpus.*not a CPU range: '3-1'"):
+        load_scenario(cpus)
+    twice = CliRunner().invoke(app, ["lab", "cache", "cache", "--out", str(tmp_path / "o")])
+    assert twice.exit_code == 2 and "given more than once" in twice.output
     # `--report-only` run where --out holds the ways' results: ./cache is a directory there
     (tmp_path / "cache").mkdir()
     monkeypatch.chdir(tmp_path)
@@ -144,36 +151,79 @@ def _slower(result: WayResult, factor: float) -> WayResult:
     return result
 
 
-def test_repeated_runs_are_judged_on_the_median_of_their_ratios(tmp_path: Path) -> None:
-    """Three runs of a scenario, kept as `--repeat 3` keeps them: each run's ratio is against
-    its own baseline, the target is judged on their median, and the median run is shown."""
-    spec = load_scenario(find_scenario("cache"))
-    factors = {1: 1.5, 2: 1.0, 3: 3.0}  # each run's guarded LS latency against its baseline
-    for k, factor in factors.items():
+def _with_be(result: WayResult, ops: float) -> WayResult:
+    result.episodes = [EpisodeRun(e.antagonist, e.started_ns, e.ended_ns, ops, 0)
+                       for e in result.episodes]
+    return result
+
+
+def _runs(folder: Path, spec, guarded: dict[int, tuple[float, float]]) -> None:
+    """Runs kept as `--repeat` keeps them: run k's guarded way `factor` times slower than its
+    baseline, with `ops` BE bogo-ops per episode (the unguarded way: 5000)."""
+    for k, (factor, ops) in guarded.items():
         for way in spec.ways:
             result = _result(way)
             if way == "guarded":
-                _slower(result, factor)
-            result.save(tmp_path / "cache" / f"run-{k}" / way)
+                _with_be(_slower(result, factor), ops)
+            result.save(folder / spec.name / f"run-{k}" / way)
+
+
+def test_repeated_runs_are_judged_on_the_median_of_their_ratios(tmp_path: Path) -> None:
+    """Three runs of a scenario: each run's ratio is against its own baseline and unguarded
+    ways, the target is judged on their median, and the median run is the one shown."""
+    spec = load_scenario(find_scenario("cache"))
+    _runs(tmp_path, spec, {1: (3.0, 4000.0), 2: (1.5, 1000.0), 3: (1.0, 5000.0)})
     [scenario] = load_session([spec], tmp_path)
-    ratios = scenario.ratios("guarded", "episode_p99_ms", "baseline")
-    assert ratios == pytest.approx([1.5, 1.0, 3.0], rel=0.01)
-    assert scenario.median_ratio("guarded", "episode_p99_ms", "baseline") == pytest.approx(
-        1.5, rel=0.01)
-    assert scenario.median_run()[0] == 1
+    assert scenario.ratios("guarded", "episode_p99_ms", "baseline") == pytest.approx(
+        [3.0, 1.5, 1.0], rel=0.01)
+    assert scenario.p99_ratio() == pytest.approx(1.5, rel=0.01)
+    assert scenario.be_ratio() == pytest.approx(0.8)  # the median of 0.8, 0.2, 1.0
+    assert scenario.median_run()[0] == 2
     out = CliRunner().invoke(app, ["lab", "cache", "--report-only", "--out", str(tmp_path)])
     assert out.exit_code == 0, out.output
     report = (tmp_path / "report.md").read_text()
-    assert "median of 3 runs: p99 1.50x (1.50x, 1.00x, 3.00x), BE 1.00x" in report
-    assert "1.00x, 3.00x), BE 1.00x (1.00x, 1.00x, 1.00x) | **no** |" in report  # 1.5 > 1.25
-    assert "run 1's, the median one" in report
-    assert "| 3 | 5.000 | 5.000 | 15.000 | 3.00x | 1.00x |" in report
-    # one run good enough does not carry the target: the median of (0.9, 1.3, 1.4) misses it
-    for k, factor in {1: 0.9, 2: 1.3, 3: 1.4}.items():
-        _slower(_result("guarded"), factor).save(tmp_path / "cache" / f"run-{k}" / "guarded")
+    assert ("median of 3 runs: p99 1.50x (3.00x, 1.50x, 1.00x), BE 0.80x (0.80x, 0.20x, "
+            "1.00x) | **no** |") in report  # 1.5 > 1.25
+    assert "run 2's, the one the p99 target is judged on" in report
+    assert "In that run BE kept less than 50%" in report  # run 2: BE at 20%
+    assert "| 1 | 5.000 | 5.000 | 15.000 | 3.00x | 0.80x |" in report
+    # one good run does not carry the target: the median of (0.9, 1.3, 1.4) misses it
+    _runs(tmp_path, spec, {1: (0.9, 5000.0), 2: (1.3, 5000.0), 3: (1.4, 5000.0)})
     [scenario] = load_session([spec], tmp_path)
-    assert scenario.median_ratio("guarded", "episode_p99_ms", "baseline") == pytest.approx(
-        1.3, rel=0.01)
+    assert scenario.p99_ratio() == pytest.approx(1.3, rel=0.01)
+
+
+def test_an_even_count_is_judged_on_the_worse_middle_run_and_missing_ratios_do_not_count(
+        tmp_path: Path) -> None:
+    spec = load_scenario(find_scenario("cache"))
+    _runs(tmp_path, spec, {1: (1.0, 2000.0), 2: (1.4, 4000.0)})
+    [scenario] = load_session([spec], tmp_path)
+    # not the mean of the two (1.2x, met; BE 60%): the worse of each, as one run measured it
+    assert scenario.p99_ratio() == pytest.approx(1.4, rel=0.01)
+    assert scenario.be_ratio() == pytest.approx(0.4)
+    assert scenario.median_run()[0] == 2
+    # a third run interrupted before its guarded way: no ratio, not counted, not shown
+    _result("baseline").save(tmp_path / "cache" / "run-3" / "baseline")
+    [scenario] = load_session([spec], tmp_path)
+    assert len(scenario.runs) == 3 and scenario.counted() == 2
+    assert scenario.p99_ratio() == pytest.approx(1.4, rel=0.01)
+    assert scenario.median_run()[0] == 2
+    # runs are named by their folder, not their position: run-2 gone, run-3 is still run 3
+    shutil.rmtree(tmp_path / "cache" / "run-2")
+    [scenario] = load_session([spec], tmp_path)
+    assert scenario.numbers == [1, 3] and scenario.median_run()[0] == 1
+
+
+def test_a_new_session_replaces_a_scenarios_earlier_results(tmp_path: Path) -> None:
+    """`--repeat 3` after `--repeat 5`, or a single run after a repeated one, must not report
+    the old runs with the new; other things in --out stay."""
+    spec = load_scenario(find_scenario("cache"))
+    _runs(tmp_path, spec, {k: (1.0, 5000.0) for k in range(1, 6)})
+    _result("baseline").save(tmp_path / "cache" / "baseline")
+    (tmp_path / "cache" / "notes.txt").write_text("mine")
+    clear_results(tmp_path / "cache")
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["notes.txt"]
+    clear_results(tmp_path / "nothing-here")  # no folder: nothing to do
 
 
 def test_repeats_go_round_the_scenarios_into_their_own_folders(tmp_path: Path,
@@ -235,6 +285,27 @@ def test_the_client_keeps_off_the_ls_cores() -> None:
     assert client_cpus("0-1", {0, 1}) == set()  # nothing left: run anywhere
     assert client_cpus("", {0, 1}) == set()  # LS on every CPU: nothing to keep off
     assert cpu_set(" 1-3,5 ") == {1, 2, 3, 5} and cpu_set("") == set()
+
+
+def test_the_relay_pins_its_own_threads_not_the_lab_process() -> None:
+    """Pinning the lab process would pin every process it starts later (redis, the agent, the
+    antagonists) to the client's CPUs."""
+    cpu = max(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    read, write = os.pipe()
+    with os.fdopen(read, "rb") as stdout:
+        relay = Relay(stdout, None, {cpu})
+        relay.start()
+        deadline = time.monotonic() + 5
+        while not relay.pinned and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert relay.pinned == f"CPUs {cpu}"
+        assert os.sched_getaffinity(relay.native_id) == {cpu}
+        assert os.sched_getaffinity(0) == before
+        os.write(write, np.array([[1, 2, 3]], dtype="<i8").tobytes())
+        os.close(write)
+        relay.join(timeout=10)
+    assert relay.records().tolist() == [[1, 2, 3]]
 
 
 @needs_lab

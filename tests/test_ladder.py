@@ -432,6 +432,9 @@ def test_a_suppress_step_waits_after_before_its_first_lever_and_hold_between_lev
     assert afters(own) == [("lever_a", 0), ("lever_b", 0), ("lever_c", 9)]
     # the first lever is the first tried here: after a learned reordering too
     assert afters(three, ["lever_c"]) == [("lever_c", 5), ("lever_a", 2), ("lever_b", 2)]
+    # `order: written`: what the node learnt does not reorder them
+    assert afters(three, ["lever_c"], hold="hold: 2s\n    order: written") == [
+        ("lever_a", 5), ("lever_b", 2), ("lever_c", 2)]
 
 
 NO_EFFECT = """\
@@ -527,6 +530,36 @@ policies:
     assert CALLS == [("apply", "cpuset", False)]
 
 
+def test_order_written_keeps_the_written_lever_first_after_another_lever_worked(tmp_path):
+    """A node where the second lever once ended an episode tries it first next time, unless
+    the policy says `order: written` (the shipped policy: the cheap lever stays first)."""
+    text = """\
+policies:
+  - name: guard
+    undo_hold: 5s
+    steps:
+      - step: suppress
+        hold: 5s
+        ORDER
+        levers:
+          - step: lever_a
+          - step: lever_b
+"""
+    firsts = {}
+    for order in ("", "order: written"):
+        h = Harness(tmp_path / (order or "learned"), text.replace("ORDER", order))
+        incident = h.incident(0)
+        for second in (0, 5):
+            h.tick(second, [incident])
+        for second in (6, 11):  # recovered: lever_b (cpuset) credited, both lifted
+            h.tick(second, [])
+        assert h.ledger.lever_stats()["lever_b"] == (1, 1)
+        CALLS.clear()
+        h.tick(30, [h.incident(30)])
+        firsts[order or "learned"] = CALLS[0][1]
+    assert firsts == {"learned": "cpuset", "written": "cpu_idle"}
+
+
 def test_hold_is_only_for_a_suppress_step(tmp_path):
     path = tmp_path / "bad.yaml"
     for where, at in (
@@ -534,7 +567,11 @@ def test_hold_is_only_for_a_suppress_step(tmp_path):
                                             "`hold` (the time each of its levers is given); "
                                             "mark waits only its `after`"),
             ("- step: suppress\n  levers:\n    - step: lever_a\n      hold: 2s\n",
-             "6:13: policies.0.steps.0.levers.0: only a suppress step has `hold`")):
+             "6:13: policies.0.steps.0.levers.0: only a suppress step has `hold`"),
+            ("- step: mark\n  order: written\n", "4:9: policies.0.steps.0: only a suppress "
+                                                   "step has `order`"),
+            ("- step: suppress\n  order: newest\n  levers:\n    - step: lever_a\n",
+             "policies.0.steps.0.order")):
         path.write_text("policies:\n  - name: a\n    steps:\n" + textwrap.indent(where, " " * 6))
         with pytest.raises(PolicyFileError) as caught:
             load_policy_file(path)

@@ -94,11 +94,17 @@ def pin(cpus: set[int] | None) -> str:
 
 
 def cpu_set(text: str) -> set[int]:
-    """`1-3,5` -> {1, 2, 3, 5}; empty: no restriction."""
+    """`1-3,5` -> {1, 2, 3, 5}; empty: no restriction. ValueError names a malformed part."""
     cpus: set[int] = set()
     for part in filter(None, (p.strip() for p in text.split(","))):
         low, _, high = part.partition("-")
-        cpus.update(range(int(low), int(high or low) + 1))
+        try:
+            first, last = int(low), int(high or low)
+        except ValueError:
+            raise ValueError(f"not a CPU list entry: {part!r} (e.g. 0-3,8)") from None
+        if first < 0 or last < first:
+            raise ValueError(f"not a CPU range: {part!r}")
+        cpus.update(range(first, last + 1))
     return cpus
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sloguard.lab.analysis import MITIGATING, WayStats, p99_timeline, way_stats
@@ -45,26 +45,50 @@ class ScenarioRuns:
     """A scenario run several times (`sloguard lab --repeat N`). One run decides nothing near
     a 1.25x target on a noisy machine (runs of the same way differed up to 2x here), so each
     run's ratios are taken within the run (its own baseline, measured minutes apart from its
-    other ways) and the targets are judged on the median of those ratios."""
+    other ways) and the targets are judged on the median of those ratios. Of an even count
+    the cautious middle one is taken (the worse of the two), so the verdict is always some
+    run's own figure and never rests on averaging a good run with a bad one."""
 
     spec: ScenarioSpec
     runs: list[ScenarioReport]
+    numbers: list[int] = field(default_factory=list)  # each run's k (its folder run-<k>)
+
+    def __post_init__(self) -> None:
+        if not self.numbers:
+            self.numbers = list(range(1, len(self.runs) + 1))
 
     def ratios(self, way: str, attr: str, reference: str) -> list[float]:
         return [r.ratio(way, attr, reference) for r in self.runs]
 
-    def median_ratio(self, way: str, attr: str, reference: str) -> float:
+    def median_ratio(self, way: str, attr: str, reference: str, higher_is_worse: bool) -> float:
+        """The median of the runs that have the ratio; of an even count, the worse middle."""
         values = [v for v in self.ratios(way, attr, reference) if not math.isnan(v)]
-        return statistics.median(values) if values else math.nan
+        if not values:
+            return math.nan
+        return statistics.median_high(values) if higher_is_worse else \
+            statistics.median_low(values)
+
+    def p99_ratio(self) -> float:
+        return self.median_ratio("guarded", "episode_p99_ms", "baseline", higher_is_worse=True)
+
+    def be_ratio(self) -> float:
+        return self.median_ratio("guarded", "be_ops_per_s", "unguarded", higher_is_worse=False)
+
+    def counted(self) -> int:
+        """Runs with a guarded/baseline p99 ratio (an interrupted run may have none)."""
+        return sum(not math.isnan(v) for v in self.ratios("guarded", "episode_p99_ms",
+                                                          "baseline"))
 
     def median_run(self) -> tuple[int, ScenarioReport]:
-        """(its 1-based number, the run) whose guarded/baseline p99 ratio is the median (the
-        lower middle one of an even count): the run the detailed tables and the plot show."""
-        ratios = self.ratios("guarded", "episode_p99_ms", "baseline")
-        order = sorted(range(len(self.runs)),
-                       key=lambda i: math.inf if math.isnan(ratios[i]) else ratios[i])
-        index = order[(len(order) - 1) // 2]
-        return index + 1, self.runs[index]
+        """(its number, the run) whose guarded/baseline p99 ratio is the judged one: the run
+        the detailed tables and the plot show (the first run when none has the ratio)."""
+        judged = self.p99_ratio()
+        for number, run, ratio in zip(self.numbers, self.runs,
+                                      self.ratios("guarded", "episode_p99_ms", "baseline"),
+                                      strict=True):
+            if ratio == judged:
+                return number, run
+        return self.numbers[0], self.runs[0]
 
 
 def plot(report: ScenarioReport, path: Path) -> Path:
@@ -136,14 +160,17 @@ def markdown(scenarios: list[ScenarioRuns], out: Path, header: str) -> str:
                         for e in r.stats["guarded"].episodes]
     delays = [e.first_action_s for e in guarded_episodes if e.first_action_s is not None]
     missed = sum(1 for e in guarded_episodes if e.first_action_s is None)
-    quiet = [(g.spec.name, k, w, a) for g in scenarios for k, r in enumerate(g.runs, start=1)
+    quiet = [(g.spec.name, k, w, a) for g in scenarios for k, r in zip(g.numbers, g.runs,
+                                                                       strict=True)
              for w, s in r.stats.items() for a in s.quiet_actions]
     repeated = any(len(g.runs) > 1 for g in scenarios)
     lines += ["## Targets", ""]
     if repeated:
-        lines += ["Each scenario ran several times; a ratio is taken within its run (against "
-                  "that run's baseline or unguarded way) and the target is judged on the median "
-                  "of the runs' ratios (each run's in brackets).", ""]
+        lines += ["A scenario that ran several times is judged on the median of its runs' "
+                  "ratios, each taken within its run (against that run's own baseline or "
+                  "unguarded way; every run's in brackets; of an even count, the worse middle "
+                  "one). The delay target takes the median over every guarded episode of every "
+                  "run, and any action in a quiet period of any run misses that target.", ""]
     lines += ["| target | result | met |", "|---|---|---|"]
     median = statistics.median(delays) if delays else None
     fresh = [e.first_action_s for e in guarded_episodes
@@ -158,14 +185,13 @@ def markdown(scenarios: list[ScenarioRuns], out: Path, header: str) -> str:
     lines.append(f"| no action in quiet periods (every way) | {len(quiet)} | "
                  f"{_yes(not quiet)} |")
     for g in scenarios:
-        p99 = g.median_ratio("guarded", "episode_p99_ms", "baseline")
-        be = g.median_ratio("guarded", "be_ops_per_s", "unguarded")
+        p99, be = g.p99_ratio(), g.be_ratio()
         kind = g.spec.schedule.episodes[0].antagonist
         held = kind in HELD_ANTAGONISTS
         met = p99 <= TARGET_P99_RATIO and be >= TARGET_BE_RATIO
         result = f"p99 {_x(p99)}, BE {_x(be)}"
         if len(g.runs) > 1:
-            result = (f"median of {len(g.runs)} runs: p99 {_x(p99)} ("
+            result = (f"median of {g.counted()} runs: p99 {_x(p99)} ("
                       f"{_each(g.ratios('guarded', 'episode_p99_ms', 'baseline'))}), BE "
                       f"{_x(be)} ({_each(g.ratios('guarded', 'be_ops_per_s', 'unguarded'))})")
         lines.append(f"| {g.spec.name}: LS p99 guarded <= {TARGET_P99_RATIO:g}x baseline and BE "
@@ -198,15 +224,19 @@ def _scenario(g: ScenarioRuns, out: Path) -> list[str]:
     if len(g.runs) > 1:
         lines += ["| run | in-episode p99 ms: baseline | unguarded | guarded | guarded vs "
                   "baseline | BE guarded vs unguarded |", "|---|---|---|---|---|---|"]
-        for k, run in enumerate(g.runs, start=1):
+        for k, run in zip(g.numbers, g.runs, strict=True):
             p99 = {w: run.stats[w].episode_p99_ms if w in run.stats else math.nan
                    for w in ("baseline", "unguarded", "guarded")}
             lines.append(f"| {k} | {_ms(p99['baseline'])} | {_ms(p99['unguarded'])} | "
                          f"{_ms(p99['guarded'])} | "
                          f"{_x(run.ratio('guarded', 'episode_p99_ms', 'baseline'))} | "
                          f"{_x(run.ratio('guarded', 'be_ops_per_s', 'unguarded'))} |")
-        lines += ["", f"The plot and the tables below are run {number}'s, the median one "
-                  "(by guarded vs baseline p99).", ""]
+        lines += ["", f"The plot and the tables below are run {number}'s, the one the p99 "
+                  "target is judged on (the median guarded vs baseline p99)."]
+        if r.ratio("guarded", "be_ops_per_s", "unguarded") < TARGET_BE_RATIO:
+            lines.append(f"In that run BE kept less than {TARGET_BE_RATIO:.0%} of its unguarded "
+                         "throughput, though the median of the runs may not.")
+        lines.append("")
     lines += [f"![LS p99 over time, scenario {r.spec.name}]({png.name})", "",
               "| way | requests | unanswered | p50 ms | p99 ms | p999 ms | in-episode p99 ms | "
               "in-episode p99 vs baseline | client send lag p99 ms | BE bogo-ops/s | "

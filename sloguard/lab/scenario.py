@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sloguard.config import Duration
+from sloguard.lab.loadgen import cpu_set
 from sloguard.yamlfile import YamlFileError, load_model
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
@@ -62,6 +63,12 @@ class LsSpec(_Strict):
     rt_priority: int = Field(20, ge=0, le=99, description="the load generator's SCHED_FIFO "
                                                           "priority; 0: normal priority")
     slo: SloSpec = Field(default_factory=SloSpec)
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus(cls, value: str) -> str:
+        cpu_set(value)  # checked here, not once redis and the agent have started
+        return value
 
 
 class BeSpec(_Strict):

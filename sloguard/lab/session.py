@@ -18,7 +18,7 @@ from sloguard.lab.agent import BE_CGROUP, LS_CGROUP
 from sloguard.lab.antagonists import LabSetupError, stress_ng
 from sloguard.lab.cgroups import pids_in
 from sloguard.lab.report import ScenarioReport, ScenarioRuns, build, markdown
-from sloguard.lab.scenario import ScenarioSpec, timeline
+from sloguard.lab.scenario import WAYS, ScenarioSpec, timeline
 from sloguard.lab.way import WayResult, run_way
 
 Progress = Callable[[str, int, float, str], None]  # scenario, run, fraction of its way, way
@@ -55,13 +55,29 @@ def run_dir(out: Path, scenario: str, run: int, repeats: int) -> Path:
     return out / scenario if repeats == 1 else out / scenario / f"run-{run}"
 
 
+def clear_results(folder: Path) -> None:
+    """Remove what an earlier session kept for a scenario (its run-<k> and way folders only:
+    `--out` may be a directory that holds other things too)."""
+    if not folder.is_dir():
+        return
+    for directory in [*folder.glob("run-*"), *(folder / way for way in WAYS)]:
+        if directory.is_dir() and (directory.name in WAYS or directory.name[4:].isdigit()):
+            shutil.rmtree(directory)
+
+
 def run_session(specs: list[ScenarioSpec], out: Path, progress: Progress,
                 kubeconfig: str | None = None, repeats: int = 1) -> list[ScenarioRuns]:
     """Every scenario's three ways, `repeats` times. Runs go round the scenarios (1st run of
     each, then the 2nd...) so a slow drift of the machine spreads over all of them."""
     preflight()
+    names = [spec.name for spec in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a scenario named twice: {', '.join(names)} (use --repeat)")
     out.mkdir(parents=True, exist_ok=True)
+    for spec in specs:  # a scenario's results from an earlier session would mix with these
+        clear_results(out / spec.name)
     runs: dict[str, list[ScenarioReport]] = {spec.name: [] for spec in specs}
+    scenarios: list[ScenarioRuns] = []
     for k in range(1, repeats + 1):
         for spec in specs:
             results: dict[str, WayResult] = {}
@@ -71,8 +87,9 @@ def run_session(specs: list[ScenarioSpec], out: Path, progress: Progress,
                     lambda f, w, name=spec.name, k=k: progress(name, k, f, w),
                     kubeconfig=kubeconfig)
             runs[spec.name].append(build(spec, results))
-    scenarios = [ScenarioRuns(spec, runs[spec.name]) for spec in specs]
-    write_report(scenarios, out, kubeconfig)
+        # after every round, so an interrupted session still leaves a report of what ran
+        scenarios = [ScenarioRuns(spec, runs[spec.name]) for spec in specs]
+        write_report(scenarios, out, kubeconfig)
     return scenarios
 
 
@@ -83,14 +100,15 @@ def load_session(specs: list[ScenarioSpec], out: Path) -> list[ScenarioRuns]:
         folder = out / spec.name
         numbered = sorted((d for d in folder.glob("run-*") if d.name[4:].isdigit()),
                           key=lambda d: int(d.name[4:])) if folder.is_dir() else []
-        reports = []
+        reports, numbers = [], []
         for directory in numbered or [folder]:
             results = {way: WayResult.load(directory / way) for way in spec.ways
                        if (directory / way / "way.json").exists()}
             if results:
                 reports.append(build(spec, results))
+                numbers.append(int(directory.name[4:]) if numbered else 1)
         if reports:
-            scenarios.append(ScenarioRuns(spec, reports))
+            scenarios.append(ScenarioRuns(spec, reports, numbers))
     return scenarios
 
 

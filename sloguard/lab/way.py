@@ -93,11 +93,19 @@ class Relay(threading.Thread):
         self._lock = threading.Lock()
         self._done = threading.Event()
         self.cpus = cpus or set()
+        self.pinned = ""
 
     def _pin(self) -> None:
-        if self.cpus:
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(threading.get_native_id(), self.cpus)
+        """Pin the calling thread (not the lab process: the processes it starts must not
+        inherit the client's CPUs); what came of it goes into the way's `client` note."""
+        if not self.cpus:
+            self.pinned = "any CPU"
+            return
+        try:
+            os.sched_setaffinity(threading.get_native_id(), self.cpus)
+            self.pinned = "CPUs " + ",".join(map(str, sorted(self.cpus)))
+        except OSError as exc:
+            self.pinned = f"any CPU: pinning refused ({exc.strerror})"
 
     def run(self) -> None:
         self._pin()
@@ -220,7 +228,8 @@ def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
         time.sleep(1.5)  # the agent's last evaluation of what was pushed
         result = WayResult(spec.name, way, start_ns, total, runs,
                            incidents=agent.incidents(), actions=agent.actions(),
-                           client=err.decode(errors="replace").strip().splitlines()[0],
+                           client=f"{err.decode(errors='replace').strip().splitlines()[0]}"
+                                  f"; relay on {relay.pinned}",
                            push_errors=relay.push_errors, records=relay.records())
         result.save(workdir)
         return result
