@@ -433,7 +433,7 @@ def test_a_suppress_step_waits_after_before_its_first_lever_and_hold_between_lev
     # the first lever is the first tried here: after a learned reordering too
     assert afters(three, ["lever_c"]) == [("lever_c", 5), ("lever_a", 2), ("lever_b", 2)]
     # `order: written`: what the node learnt does not reorder them
-    assert afters(three, ["lever_c"], hold="hold: 2s\n    order: written") == [
+    assert afters(three, ["lever_c"], hold="hold: 2s\n" + " " * 16 + "order: written") == [
         ("lever_a", 5), ("lever_b", 2), ("lever_c", 2)]
 
 
@@ -547,7 +547,9 @@ policies:
 """
     firsts = {}
     for order in ("", "order: written"):
-        h = Harness(tmp_path / (order or "learned"), text.replace("ORDER", order))
+        folder = tmp_path / (order.replace(": ", "-") or "learned")
+        folder.mkdir()
+        h = Harness(folder, text.replace("ORDER", order))
         incident = h.incident(0)
         for second in (0, 5):
             h.tick(second, [incident])
@@ -556,7 +558,7 @@ policies:
         assert h.ledger.lever_stats()["lever_b"] == (1, 1)
         CALLS.clear()
         h.tick(30, [h.incident(30)])
-        firsts[order or "learned"] = CALLS[0][1]
+        firsts["written" if order else "learned"] = CALLS[0][1]
     assert firsts == {"learned": "cpuset", "written": "cpu_idle"}
 
 
@@ -571,7 +573,7 @@ def test_hold_is_only_for_a_suppress_step(tmp_path):
             ("- step: mark\n  order: written\n", "4:9: policies.0.steps.0: only a suppress "
                                                    "step has `order`"),
             ("- step: suppress\n  order: newest\n  levers:\n    - step: lever_a\n",
-             "policies.0.steps.0.order")):
+             "5:9: policies.0.steps.0.order: Input should be 'learned' or 'written'")):
         path.write_text("policies:\n  - name: a\n    steps:\n" + textwrap.indent(where, " " * 6))
         with pytest.raises(PolicyFileError) as caught:
             load_policy_file(path)
@@ -1051,3 +1053,28 @@ def test_an_episode_without_a_rung_still_ends_and_a_removed_policy_is_forgotten(
     h.policies.reload()
     h.tick(2, [])
     assert h.ledger.descents() == {}
+
+
+def test_every_shipped_rule_names_a_shipped_policy_and_each_cause_gets_its_own_levers():
+    """LSLatencyInterference and LSCpuStall drive SCHED_IDLE then cpuset, in that order on every
+    node; memory stalls drive memory_limit; neither gets cpu_quota (the lab: it did not protect
+    the LS tail) nor the other's lever (stacked, they made the cache tail worse)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "rules"
+    policies = {p.name: p for f in sorted((root / "policies").glob("*.yaml"))
+                for p in load_policy_file(f)}
+    named = {r["alert"]: r.get("policy") for f in root.glob("*.yaml")
+             for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]}
+    assert {name for name in named.values() if name} <= set(policies)
+    assert named["LSLatencyInterference"] == named["LSCpuStall"] == "ls-interference"
+    assert named["LSMemoryStall"] == "ls-memory"
+
+    def levers(name: str, learnt: list[str]) -> list[str]:
+        kinds = {"cpu_idle", "cpuset", "cpu_quota", "memory_limit", "resctrl"}
+        return [r.spec.step for r in policies[name].rungs(learnt) if r.spec.step in kinds]
+
+    # resctrl stays a rung of its own after cordon and capacity
+    assert levers("ls-interference", []) == ["cpu_idle", "cpuset", "resctrl"]
+    assert levers("ls-interference", ["cpuset"]) == ["cpu_idle", "cpuset", "resctrl"]
+    assert levers("ls-memory", ["cpuset"]) == ["memory_limit"]

@@ -925,11 +925,11 @@ def test_shipped_slo_interference_rule_needs_busy_be_work_and_drives_the_policy(
     assert (guard.severity, breach.severity) == ("warning", "critical")
 
 
-@pytest.mark.parametrize(("file", "rule", "resource"), [
-    ("node-pressure.yaml", "LSCpuStall", "cpu"),
-    ("io-and-memory.yaml", "LSMemoryStall", "memory")])
+@pytest.mark.parametrize(("file", "rule", "resource", "policy"), [
+    ("node-pressure.yaml", "LSCpuStall", "cpu", "ls-interference"),
+    ("io-and-memory.yaml", "LSMemoryStall", "memory", "ls-memory")])
 def test_shipped_ls_stall_rules_drive_the_policy_only_while_be_work_runs(tmp_path, file, rule,
-                                                                          resource):
+                                                                          resource, policy):
     """The lab measured the LS cgroup's CPU PSI jumping to ~20% with no BE on the node: a
     stall with BE idle must not move levers that act on BE."""
     from pathlib import Path
@@ -955,4 +955,4 @@ def test_shipped_ls_stall_rules_drive_the_policy_only_while_be_work_runs(tmp_pat
     for second in range(40, 70):  # BE busy meanwhile
         tick(second, 1.5)
     [stall] = [i for i in h.all() if i.rule == rule]
-    assert stall.state == FIRING and stall.policy == "ls-interference"
+    assert stall.state == FIRING and stall.policy == policy
