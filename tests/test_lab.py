@@ -3,6 +3,7 @@ a whole scenario (three ways, the real agent) that asserts the direction of the 
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -16,10 +17,11 @@ import pytest
 from typer.testing import CliRunner
 
 from sloguard.cli import app
-from sloguard.lab.analysis import p99_timeline, way_stats
+from sloguard.lab.analysis import mitigated_spans, p99_timeline, way_stats
 from sloguard.lab.antagonists import EpisodeRun, bogo_ops
 from sloguard.lab.cgroups import LabCgroup, pids_in
 from sloguard.lab.loadgen import cpu_set
+from sloguard.lab.report import build
 from sloguard.lab.scenario import (
     SCENARIO_DIR,
     ScenarioError,
@@ -134,6 +136,26 @@ def test_a_lever_still_in_force_at_an_episode_start_mitigates_it_from_its_first_
                                            _action(11.0, "cpu_idle")]))
     assert lifted.episodes[0].first_action_s == pytest.approx(1.0)
     assert not lifted.episodes[0].carried
+
+
+def test_the_seconds_after_the_first_lever_are_measured_apart_from_the_onset() -> None:
+    """Slow only until the first lever (10-12 s of a 10-20 s episode): the episode's p99 shows
+    the onset, the p99 from the lever on matches the baseline over the same seconds."""
+    guarded = _result("guarded", [_action(12.0, "cpu_idle")])
+    lat_ms = np.full(len(guarded.records), 0.1)
+    t = (guarded.records[:, 0] - guarded.start_ns) / 1e9
+    lat_ms[(t >= 10) & (t < 12) & (np.arange(len(t)) % 10 == 0)] = 5.0  # 2% of the episode
+    guarded.records[:, 2] = guarded.records[:, 0] + (lat_ms * 1e6).astype(np.int64)
+    baseline = _result("baseline")
+    baseline.records[:, 2] = baseline.records[:, 0] + 100_000  # 0.1 ms throughout
+    report = build(load_scenario(find_scenario("cache")),
+                   {"baseline": baseline, "guarded": guarded})
+    assert mitigated_spans(report.stats["guarded"]) == [(pytest.approx(12.0), 20.0)]
+    assert report.ratio("guarded", "episode_p99_ms", "baseline") == pytest.approx(50, rel=0.01)
+    assert report.mitigated() == (pytest.approx(0.1), pytest.approx(0.1))
+    assert report.mitigated_ratio() == pytest.approx(1.0)
+    assert math.isnan(build(load_scenario(find_scenario("cache")),
+                            {"baseline": baseline}).mitigated_ratio())
 
 
 def test_proposals_count_for_the_shadow_way_and_the_baseline_has_no_be() -> None:

@@ -151,3 +151,17 @@ def p99_timeline(result: WayResult, bin_s: float = 1.0) -> tuple[np.ndarray, np.
     starts = bins[np.r_[0, edges]] * bin_s
     p99 = np.array([percentile(chunk, 99) for chunk in np.split(lat, edges)])
     return starts, p99
+
+
+def mitigated_spans(stats: WayStats) -> list[tuple[float, float]]:
+    """Each episode from its first mitigating action (its start when a lever was carried over)
+    to its end, in seconds from the way's start; episodes never mitigated are left out."""
+    return [(e.start_s + e.first_action_s, e.end_s) for e in stats.episodes
+            if e.first_action_s is not None and e.start_s + e.first_action_s < e.end_s]
+
+
+def p99_within(result: WayResult, spans: list[tuple[float, float]]) -> float:
+    """LS p99 of the requests due within `spans` (seconds from the way's start). Ways share
+    the schedule's offsets, so another way's spans select the same seconds of this one."""
+    t_s = (result.records[:, 0] - result.start_ns) / 1e9
+    return percentile(latencies_ms(result.records)[in_episodes(t_s, spans)], 99)

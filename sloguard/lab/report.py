@@ -12,7 +12,14 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sloguard.lab.analysis import MITIGATING, WayStats, p99_timeline, way_stats
+from sloguard.lab.analysis import (
+    MITIGATING,
+    WayStats,
+    mitigated_spans,
+    p99_timeline,
+    p99_within,
+    way_stats,
+)
 from sloguard.lab.scenario import ScenarioSpec
 from sloguard.lab.way import WayResult
 
@@ -34,6 +41,22 @@ class ScenarioReport:
         a = getattr(self.stats[way], attr) if way in self.stats else math.nan
         b = getattr(self.stats[reference], attr) if reference in self.stats else math.nan
         return a / b if b and not math.isnan(b) else math.nan
+
+    def mitigated(self) -> tuple[float, float]:
+        """(guarded p99, baseline p99) over the seconds the guarded way had a lever in force
+        during the episodes: what the levers reach once on, apart from the onset seconds
+        before the first one, which a reactive guardrail cannot avoid."""
+        if "guarded" not in self.stats or "baseline" not in self.results:
+            return math.nan, math.nan
+        spans = mitigated_spans(self.stats["guarded"])
+        if not spans:
+            return math.nan, math.nan
+        return (p99_within(self.results["guarded"], spans),
+                p99_within(self.results["baseline"], spans))
+
+    def mitigated_ratio(self) -> float:
+        guarded, baseline = self.mitigated()
+        return guarded / baseline if baseline and not math.isnan(baseline) else math.nan
 
 
 def build(spec: ScenarioSpec, results: dict[str, WayResult]) -> ScenarioReport:
@@ -197,6 +220,19 @@ def markdown(scenarios: list[ScenarioRuns], out: Path, header: str) -> str:
         lines.append(f"| {g.spec.name}: LS p99 guarded <= {TARGET_P99_RATIO:g}x baseline and BE "
                      f">= {TARGET_BE_RATIO:.0%} of unguarded{'' if held else ' (reported only)'}"
                      f" | {result} | {_yes(met) if held else 'n/a'} |")
+    lines.append("")
+    lines += ["Once a lever is on (information, not a target): the guarded way's LS p99 from each "
+              "episode's first mitigating action to its end, against the baseline's p99 over "
+              "the same seconds. The seconds before the first lever are the onset a reactive "
+              "guardrail cannot avoid; at 5000 requests/s one such second is 3% of a 30 s "
+              "episode's requests, three times the 1% a p99 leaves.", "",
+              "| scenario | guarded vs baseline, from the first lever on |", "|---|---|"]
+    for g in scenarios:
+        each = [r.mitigated_ratio() for r in g.runs]
+        finite = [v for v in each if not math.isnan(v)]
+        judged = statistics.median_high(finite) if finite else math.nan
+        lines.append(f"| {g.spec.name} | {_x(judged)}"
+                     f"{f' ({_each(each)})' if len(each) > 1 else ''} |")
     lines.append("")
     for g in scenarios:
         lines += _scenario(g, out)
