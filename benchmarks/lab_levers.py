@@ -33,7 +33,7 @@ from sloguard.lab.antagonists import Antagonist
 from sloguard.lab.cgroups import LabCgroup
 from sloguard.lab.loadgen import cpu_set
 from sloguard.lab.scenario import BeSpec, LsSpec
-from sloguard.lab.way import Relay, client_cpus, start_redis
+from sloguard.lab.way import Relay, shared_cpus, start_redis
 
 
 def write_cpu_idle(be: LabCgroup, ls_cpus: set[int], all_cpus: set[int]) -> None:
@@ -70,7 +70,7 @@ def cell(antagonist: str, levers: list[str], with_be: bool, workdir: Path, ls: L
         for lever in levers:
             LEVERS[lever](be_cgroup, cpu_set(ls.cpus), os.sched_getaffinity(0))
         redis, port = start_redis(ls_cgroup, workdir)
-        cpus = client_cpus(ls.cpus)
+        cpus = shared_cpus(ls.cpus)
         start_ns = time.time_ns() + int(2e9)
         loadgen = subprocess.Popen(
             [sys.executable, "-m", "sloguard.lab.loadgen", "--port", str(port),

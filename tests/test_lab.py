@@ -31,7 +31,7 @@ from sloguard.lab.scenario import (
     timeline,
 )
 from sloguard.lab.session import clear_results, load_session
-from sloguard.lab.way import Relay, WayResult, client_cpus, start_redis
+from sloguard.lab.way import Relay, WayResult, shared_cpus, start_redis
 
 ROOT = os.geteuid() == 0
 HAVE_TOOLS = shutil.which("redis-server") is not None and shutil.which("stress-ng") is not None
@@ -302,10 +302,10 @@ def test_spawned_process_is_in_the_cgroup_before_it_runs() -> None:
 def test_the_client_keeps_off_the_ls_cores() -> None:
     """A remote client costs the server no CPU: the lab's client gets every CPU but the LS
     service's own, and no restriction where nothing would be left or LS has no own cores."""
-    assert client_cpus("0", {0, 1}) == {1}
-    assert client_cpus("0-1,4", {0, 1, 2, 3, 4}) == {2, 3}
-    assert client_cpus("0-1", {0, 1}) == set()  # nothing left: run anywhere
-    assert client_cpus("", {0, 1}) == set()  # LS on every CPU: nothing to keep off
+    assert shared_cpus("0", {0, 1}) == {1}
+    assert shared_cpus("0-1,4", {0, 1, 2, 3, 4}) == {2, 3}
+    assert shared_cpus("0-1", {0, 1}) == set()  # nothing left: run anywhere
+    assert shared_cpus("", {0, 1}) == set()  # LS on every CPU: nothing to keep off
     assert cpu_set(" 1-3,5 ") == {1, 2, 3, 5} and cpu_set("") == set()
 
 
@@ -384,6 +384,10 @@ def test_short_lab_run_shows_the_guardrail_working(tmp_path: Path) -> None:
     ways = {w: way_stats(WayResult.load(out / "cache" / w))
             for w in ("baseline", "unguarded", "guarded")}
     base, unguarded, guarded = ways["baseline"], ways["unguarded"], ways["guarded"]
+    shared = ",".join(map(str, sorted(set(range(os.cpu_count() or 1)) - {0}))) or None
+    if shared:  # the client, the relay and the agent all kept off the LS core (CPU 0)
+        note = WayResult.load(out / "cache" / "guarded").client
+        assert f"on CPUs {shared}; relay on CPUs {shared}; agent on CPUs {shared}" in note
     print({w: (s.episode_p99_ms, s.be_ops_per_s, [e.first_action_s for e in s.episodes])
            for w, s in ways.items()})
     assert unguarded.episode_p99_ms > 1.5 * base.episode_p99_ms

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import secrets
 import shutil
 import signal
@@ -101,7 +102,7 @@ class LabAgent:
     """`sloguard run` as a child; talks to it over its API."""
 
     def __init__(self, workdir: Path, guarded: bool, slo: Any, kubeconfig: str | None = None,
-                 node: str = "sloguard-lab") -> None:
+                 node: str = "sloguard-lab", cpus: set[int] | None = None) -> None:
         self.workdir = workdir
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -109,9 +110,22 @@ class LabAgent:
         self.token = (workdir / "receive.token").read_text().strip()
         binary = shutil.which("sloguard", path=str(Path(sys.executable).parent)) or "sloguard"
         self.log = open(workdir / "agent.log", "ab")  # noqa: SIM115 - closed in stop
-        self.proc = subprocess.Popen(
-            [binary, "run", "-c", str(config), "--data-dir", str(workdir / "data")],
-            stdout=self.log, stderr=subprocess.STDOUT)
+        argv = [binary, "run", "-c", str(config), "--data-dir", str(workdir / "data")]
+        taskset = shutil.which("taskset")
+        # on the shared CPUs from its first thread on (way.shared_cpus): traced on the LS
+        # core, the agent's bursts (a push handled, a tick) preempted redis
+        self.cpus = sorted(cpus) if cpus and taskset else []
+        if self.cpus:
+            argv = [taskset, "-c", ",".join(map(str, self.cpus)), *argv]
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def placement(self) -> str:
+        """Where the running agent may run, as the kernel says (for the way's notes)."""
+        try:
+            cpus = sorted(os.sched_getaffinity(self.proc.pid))
+        except OSError:
+            return "unknown CPUs"
+        return "CPUs " + ",".join(map(str, cpus))
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

@@ -68,10 +68,13 @@ class WayResult:
         return cls(**data, records=np.load(directory / "records.npy"))
 
 
-def client_cpus(ls_cpus: str, allowed: set[int] | None = None) -> set[int]:
-    """The CPUs the load generator and the relay keep to: every CPU the lab may use but the LS
-    service's own (loadgen.py: a client on the server's core preempts it); empty (no
-    restriction) when the LS service has no cores of its own or nothing else is left."""
+def shared_cpus(ls_cpus: str, allowed: set[int] | None = None) -> set[int]:
+    """The node's shared CPUs: every CPU the lab may use but the LS service's own. The LS
+    service models a pod with exclusive cores (Koordinator LSR, kubelet's static CPU manager),
+    where node daemons and other pods do not run; so the lab keeps its client (loadgen.py: a
+    client on the server's core preempts it), its relay and the agent there. BE may still run
+    on the LS cores until a lever moves it. Empty (no restriction) when the LS service has no
+    cores of its own or nothing else is left."""
     allowed = os.sched_getaffinity(0) if allowed is None else allowed
     ls = cpu_set(ls_cpus)
     rest = allowed - ls
@@ -191,11 +194,11 @@ def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
         redis, port = start_redis(ls_cgroup, workdir)
         if kubeconfig:
             node = LabNode(kubeconfig, "sloguard-lab")
+        cpus = shared_cpus(spec.ls.cpus)
         agent = LabAgent(workdir, guarded=(way == "guarded"), slo=spec.ls.slo,
-                         kubeconfig=kubeconfig, node="sloguard-lab")
+                         kubeconfig=kubeconfig, node="sloguard-lab", cpus=cpus)
         agent.wait_ready()
         start_ns = time.time_ns() + int(lead_s * 1e9)
-        cpus = client_cpus(spec.ls.cpus)
         loadgen = subprocess.Popen(
             [sys.executable, "-m", "sloguard.lab.loadgen", "--port", str(port),
              "--rate", str(spec.ls.rate), "--duration", str(total), "--keys", str(spec.ls.keys),
@@ -229,7 +232,7 @@ def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
         result = WayResult(spec.name, way, start_ns, total, runs,
                            incidents=agent.incidents(), actions=agent.actions(),
                            client=f"{err.decode(errors='replace').strip().splitlines()[0]}"
-                                  f"; relay on {relay.pinned}",
+                                  f"; relay on {relay.pinned}; agent on {agent.placement()}",
                            push_errors=relay.push_errors, records=relay.records())
         result.save(workdir)
         return result
