@@ -44,34 +44,10 @@ from sloguard.actuators.step import (
     StepResult,
     reject_unknown,
 )
+from sloguard.cpulist import format_cpulist, parse_cpulist
 
 WHAT = "cpuset separation (BE off the LS cores)"
 SYS_CPU = Path("/sys/devices/system/cpu")
-
-
-def parse_cpulist(text: str) -> list[int]:
-    """`0-3,8,10-11` (the kernel's cpulist format) -> [0, 1, 2, 3, 8, 10, 11]."""
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        low, _, high = part.partition("-")
-        first, last = int(low), int(high) if high else int(low)
-        if first < 0 or last < first:
-            raise ValueError(f"not a cpulist range: {part!r}")
-        cpus.update(range(first, last + 1))
-    return sorted(cpus)
-
-
-def format_cpulist(cpus: list[int] | set[int]) -> str:
-    ranges: list[list[int]] = []
-    for cpu in sorted(set(cpus)):
-        if ranges and cpu == ranges[-1][1] + 1:
-            ranges[-1][1] = cpu
-        else:
-            ranges.append([cpu, cpu])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
 
 
 def ordered_for_reservation(cpus: list[int], sys_cpu: Path = SYS_CPU) -> list[int]:

@@ -3,7 +3,8 @@ when they are in place from the start, apart from how fast the guardrail puts th
 
 The shipped policy's lever order comes from these figures (docs/lab.md). Per cell: fresh lab
 cgroups, redis on the LS core under the lab's open-loop client (off the LS core, SCHED_FIFO),
-the levers written to the BE cgroup before the antagonist starts, then `--quiet` seconds
+the levers applied to the BE cgroup (by the agent's own lever classes, with the shipped
+policy's params) before the antagonist starts, then `--quiet` seconds
 without BE and `--seconds` of the antagonist. The LS p99 is over the antagonist's seconds;
 ratios are against the same repeat's `base` cell (no BE) and BE throughput against the same
 repeat's `none` cell (BE, no lever): machines here are noisy, read the ratios. Repeats go round
@@ -16,11 +17,8 @@ the cells, so a drift of the machine spreads over all of them. Root, redis-serve
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,83 +26,64 @@ from pathlib import Path
 
 import numpy as np
 
+from sloguard.actuators.cpu_idle import CpuIdle
+from sloguard.actuators.cpuset import Cpuset
+from sloguard.actuators.env import ActuatorEnv
+from sloguard.actuators.ledger import Ledger
+from sloguard.actuators.step import DONE, StepContext
 from sloguard.lab.agent import BE_CGROUP, LS_CGROUP
 from sloguard.lab.antagonists import Antagonist
-from sloguard.lab.cgroups import LabCgroup
-from sloguard.lab.loadgen import cpu_set
 from sloguard.lab.scenario import BeSpec, LsSpec
-from sloguard.lab.way import Relay, shared_cpus, start_redis
+from sloguard.lab.way import LabStage
+
+LEVERS = {"cpu_idle": CpuIdle, "cpuset": Cpuset}  # with the shipped policy's params (none)
+NODE = "sloguard-lab"
 
 
-def write_cpu_idle(be: LabCgroup, ls_cpus: set[int], all_cpus: set[int]) -> None:
-    """SCHED_IDLE for BE (what the cpu_idle lever writes)."""
-    _write_each(be, "cpu.idle", "1")
-
-
-def write_cpuset(be: LabCgroup, ls_cpus: set[int], all_cpus: set[int]) -> None:
-    """BE off the LS cores (what the cpuset lever writes; v1 cpuset hierarchy)."""
-    _write_each(be, "cpuset.cpus", ",".join(map(str, sorted(all_cpus - ls_cpus))))
-
-
-LEVERS = {"cpu_idle": write_cpu_idle, "cpuset": write_cpuset}
-
-
-def _write_each(cgroup: LabCgroup, name: str, value: str) -> None:
-    written = False
-    for path in cgroup.paths():
-        if (path / name).exists():
-            (path / name).write_text(value)
-            written = True
-    if not written:
-        raise SystemExit(f"no {name} in any hierarchy of {cgroup.rel}: this lever cannot be "
-                         "held here")
+def hold(levers: list[str], workdir: Path) -> list[tuple[object, StepContext, dict]]:
+    """Each lever applied to the lab's BE cgroup by the agent's own lever class, as the
+    ladder would; SystemExit when one cannot be held here. What undo needs, per lever."""
+    env = ActuatorEnv(NODE, Ledger(workdir / "actuators.db"))
+    inventory = [{"cgroup": "/" + LS_CGROUP, "class": "LS", "level": "cgroup", "name": "redis"},
+                 {"cgroup": "/" + BE_CGROUP, "class": "BE", "level": "cgroup",
+                  "name": "stress-ng"}]
+    held = []
+    for name in levers:
+        step = LEVERS[name]({}, env)
+        if (why := step.available()) is not None:
+            raise SystemExit(f"{name} cannot be held here: {why}")
+        ctx = StepContext(NODE, time.time_ns(), False, "lab-levers",
+                          "held in force for the whole cell", lambda: inventory)
+        result = step.apply(ctx)
+        if result.status != DONE:
+            raise SystemExit(f"{name} was not applied ({result.status}): {result.detail}")
+        held.append((step, ctx, result.undo))
+    return held
 
 
 def cell(antagonist: str, levers: list[str], with_be: bool, workdir: Path, ls: LsSpec,
          quiet: float, seconds: float) -> dict[str, float]:
-    workdir.mkdir(parents=True, exist_ok=True)
-    ls_cgroup, be_cgroup = LabCgroup(LS_CGROUP), LabCgroup(BE_CGROUP)
-    redis = loadgen = running = None
-    try:
-        ls_cgroup.pin(ls.cpus)
-        for lever in levers:
-            LEVERS[lever](be_cgroup, cpu_set(ls.cpus), os.sched_getaffinity(0))
-        redis, port = start_redis(ls_cgroup, workdir)
-        cpus = shared_cpus(ls.cpus)
+    with LabStage(ls, workdir) as stage:
+        held = hold(levers, workdir)
+        stage.start_ls()
         start_ns = time.time_ns() + int(2e9)
-        loadgen = subprocess.Popen(
-            [sys.executable, "-m", "sloguard.lab.loadgen", "--port", str(port),
-             "--rate", str(ls.rate), "--duration", str(quiet + seconds + 1),
-             "--start-ns", str(start_ns), "--cpus", ",".join(map(str, sorted(cpus)))],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        relay = Relay(loadgen.stdout, None, cpus)
-        relay.start()
+        relay = stage.start_client(quiet + seconds + 1, start_ns)
         time.sleep(max(0.0, (start_ns - time.time_ns()) / 1e9) + quiet)
         bogo_per_s = 0.0
         if with_be:
-            running = Antagonist(antagonist, seconds, BeSpec(), be_cgroup, workdir)
+            running = Antagonist(antagonist, seconds, BeSpec(), stage.be_cgroup, workdir)
+            stage.running.append(running)
             run = running.finish(timeout=seconds + 10)
-            running = None
+            stage.running.remove(running)
             bogo_per_s = run.bogo_ops / run.seconds
-        loadgen.wait(timeout=seconds + 60)
-        relay.join(timeout=10)
+        stage.finish_client(timeout=seconds + 60)
+        for step, ctx, undo in reversed(held):
+            step.undo(ctx, undo)  # the lab cgroups go next, but a v2 parent keeps its changes
         records = relay.records()
         due_s = (records[:, 0] - start_ns) / 1e9
         inside = (records[:, 2] >= 0) & (due_s >= quiet) & (due_s < quiet + seconds)
         latency_ms = (records[inside, 2] - records[inside, 0]) / 1e6
         return {"p99_ms": float(np.percentile(latency_ms, 99)), "be_ops_per_s": bogo_per_s}
-    finally:
-        if running is not None:
-            running.kill()
-        if loadgen is not None and loadgen.poll() is None:
-            loadgen.kill()
-        if redis is not None:
-            redis.kill()
-            redis.wait()
-        with contextlib.suppress(OSError):
-            be_cgroup.remove()
-        with contextlib.suppress(OSError):
-            ls_cgroup.remove()
 
 
 def main() -> None:

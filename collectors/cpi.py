@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 from sloguard.collectors.cgroups import CgroupCollector
+from sloguard.cpulist import parse_cpulist
 from sloguard.health import ComponentStatus
 from sloguard.samples import Sample
 
@@ -119,7 +120,7 @@ class CounterGroup:
                  cgroup_fd: int = -1, cpus: list[int] | None = None) -> None:
         self.fds: list[tuple[int, int, int, int]] = []  # leader fd, member fd, ids
         if cpus is None:
-            cpus = sorted(_online_cpus() or range(os.cpu_count() or 1))
+            cpus = _online_cpus() or list(range(os.cpu_count() or 1))
         pid = cgroup_fd if cgroup_fd >= 0 else -1
         flags = PERF_FLAG_FD_CLOEXEC | (PERF_FLAG_PID_CGROUP if cgroup_fd >= 0 else 0)
         try:
@@ -154,17 +155,12 @@ class CounterGroup:
         self.fds = []
 
 
-def _online_cpus() -> set[int]:
+def _online_cpus() -> list[int]:
     try:
         with open("/sys/devices/system/cpu/online") as handle:
-            text = handle.read().strip()
-    except OSError:
-        return set()
-    cpus: set[int] = set()
-    for part in text.split(","):
-        low, _, high = part.partition("-")
-        cpus.update(range(int(low), int(high or low) + 1))
-    return cpus
+            return parse_cpulist(handle.read())
+    except (OSError, ValueError):
+        return []
 
 
 def unavailable_reason(exc: OSError) -> str:

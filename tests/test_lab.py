@@ -3,6 +3,8 @@ a whole scenario (three ways, the real agent) that asserts the direction of the 
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
 import os
 import shutil
@@ -17,13 +19,14 @@ import pytest
 from typer.testing import CliRunner
 
 from sloguard.cli import app
+from sloguard.cpulist import parse_cpulist
 from sloguard.lab.analysis import mitigated_spans, p99_timeline, way_stats
 from sloguard.lab.antagonists import EpisodeRun, bogo_ops
-from sloguard.lab.cgroups import LabCgroup, pids_in
-from sloguard.lab.loadgen import cpu_set
+from sloguard.lab.cgroups import LabCgroup, hierarchies, pids_in
 from sloguard.lab.report import build
 from sloguard.lab.scenario import (
     SCENARIO_DIR,
+    LsSpec,
     ScenarioError,
     find_scenario,
     load_scenario,
@@ -31,9 +34,10 @@ from sloguard.lab.scenario import (
     timeline,
 )
 from sloguard.lab.session import clear_results, load_session
-from sloguard.lab.way import Relay, WayResult, shared_cpus, start_redis
+from sloguard.lab.way import LabStage, Relay, WayResult, shared_cpus, start_redis
 
 ROOT = os.geteuid() == 0
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 HAVE_TOOLS = shutil.which("redis-server") is not None and shutil.which("stress-ng") is not None
 needs_lab = pytest.mark.skipif(
     not (ROOT and HAVE_TOOLS),
@@ -306,7 +310,7 @@ def test_the_client_keeps_off_the_ls_cores() -> None:
     assert shared_cpus("0-1,4", {0, 1, 2, 3, 4}) == {2, 3}
     assert shared_cpus("0-1", {0, 1}) == set()  # nothing left: run anywhere
     assert shared_cpus("", {0, 1}) == set()  # LS on every CPU: nothing to keep off
-    assert cpu_set(" 1-3,5 ") == {1, 2, 3, 5} and cpu_set("") == set()
+    assert parse_cpulist(" 1-3,5 ") == [1, 2, 3, 5] and parse_cpulist("") == []
 
 
 def test_the_relay_pins_its_own_threads_not_the_lab_process() -> None:
@@ -319,10 +323,11 @@ def test_the_relay_pins_its_own_threads_not_the_lab_process() -> None:
         relay = Relay(stdout, None, {cpu})
         relay.start()
         deadline = time.monotonic() + 5
-        while not relay.pinned and time.monotonic() < deadline:
+        while not (relay.pusher and relay.pusher.native_id) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert relay.pinned == f"CPUs {cpu}"
         assert os.sched_getaffinity(relay.native_id) == {cpu}
+        assert relay.pusher and os.sched_getaffinity(relay.pusher.native_id) == {cpu}
         assert os.sched_getaffinity(0) == before
         os.write(write, np.array([[1, 2, 3]], dtype="<i8").tobytes())
         os.close(write)
@@ -402,6 +407,43 @@ def test_short_lab_run_shows_the_guardrail_working(tmp_path: Path) -> None:
     assert applied and not pids_in("sloguard-lab/be")  # and nothing left running
     print("applied", [(a["kind"], round(a["t"], 1)) for a in applied],
           "undone", [(a["kind"], round(a["t"], 1)) for a in undone])
+
+
+@needs_lab
+def test_the_lever_benchmark_holds_the_agents_own_levers(tmp_path: Path) -> None:
+    """benchmarks/lab_levers.py applies the levers through the agent's lever classes (a change
+    to a lever shows there): held, BE is SCHED_IDLE and off the LS core; a tiny run measures
+    every cell and leaves no lab cgroup behind."""
+    spec = importlib.util.spec_from_file_location("lab_levers", BENCH / "lab_levers.py")
+    assert spec is not None and spec.loader is not None
+    lab_levers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lab_levers)
+    ls = LsSpec()
+    with LabStage(ls, tmp_path / "hold") as stage:
+        held = lab_levers.hold(["cpu_idle", "cpuset"], tmp_path / "hold")
+        assert [type(step).__name__ for step, _, _ in held] == ["CpuIdle", "Cpuset"]
+        paths = stage.be_cgroup.paths()
+        idle = [p / "cpu.idle" for p in paths if (p / "cpu.idle").exists()]
+        cpusets = [p / "cpuset.cpus" for p in paths if (p / "cpuset.cpus").exists()
+                   and (p / "tasks").exists()]
+        assert idle and all(f.read_text().strip() == "1" for f in idle)
+        ls_cpus = set(parse_cpulist(ls.cpus))
+        for f in cpusets:
+            be = set(parse_cpulist(f.read_text()))
+            assert be and not be & ls_cpus, f"{f}: {be}"
+    out = tmp_path / "cells.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "lab_levers.py"), "--antagonists", "cpu", "--repeats", "1",
+         "--cells", "base", "none", "cpu_idle+cpuset", "--quiet", "1", "--seconds", "3",
+         "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["cell"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(rows) == {"base", "none", "cpu_idle+cpuset"}
+    assert all(r["p99_ms"] > 0 for r in rows.values())
+    assert rows["base"]["be_ops_per_s"] == 0 and rows["none"]["be_ops_per_s"] > 0
+    assert rows["cpu_idle+cpuset"]["be_ops_per_s"] > 0
+    assert "cpu_idle+cpuset" in done.stdout and "[3/3]" in done.stderr
+    assert not any((root / "sloguard-lab").exists() for root in hierarchies())
 
 
 # -- Kubernetes: shadow mode without an API server, a registered Node with one ---------------

@@ -14,12 +14,13 @@ from support.levers import context, keep, make_env, workload
 
 from sloguard.actuators.cpu_idle import CpuIdle
 from sloguard.actuators.cpu_quota import CpuQuota
-from sloguard.actuators.cpuset import Cpuset, format_cpulist, parse_cpulist
+from sloguard.actuators.cpuset import Cpuset
 from sloguard.actuators.kinds import BUILTIN_STEPS, StepFactory
 from sloguard.actuators.ledger import Ledger
 from sloguard.actuators.memory_limit import MemoryLimit
 from sloguard.actuators.policy import StepSpec
 from sloguard.actuators.step import DONE, FAILED, PROPOSED, SKIPPED
+from sloguard.cpulist import format_cpulist, parse_cpulist
 
 UID = "0b6f8c4e_7d3a_4c59_9a3e_2f1d8a6b5c4d"
 BE_QOS = "kubepods.slice/kubepods-besteffort.slice"
@@ -202,8 +203,10 @@ def test_cpulists():
     assert parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
     assert format_cpulist([11, 0, 1, 2, 3, 8, 10]) == "0-3,8,10-11"
     assert format_cpulist([]) == "" and parse_cpulist("") == []
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a CPU range: '3-1'"):
         parse_cpulist("3-1")
+    with pytest.raises(ValueError, match="not a CPU list entry: 'a'"):
+        parse_cpulist("0,a")
 
 
 def test_reserve_never_leaves_be_without_a_cpu(tmp_path):

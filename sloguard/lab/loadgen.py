@@ -36,6 +36,8 @@ import time
 from array import array
 from collections import deque
 
+from sloguard.cpulist import parse_cpulist
+
 RECORD = 3  # int64s per request
 FLUSH_NS = 100_000_000
 
@@ -91,21 +93,6 @@ def pin(cpus: set[int] | None) -> str:
     except OSError as exc:
         return f"any CPU: pinning to {sorted(cpus)} refused ({exc.strerror})"
     return "CPUs " + ",".join(map(str, sorted(cpus)))
-
-
-def cpu_set(text: str) -> set[int]:
-    """`1-3,5` -> {1, 2, 3, 5}; empty: no restriction. ValueError names a malformed part."""
-    cpus: set[int] = set()
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        low, _, high = part.partition("-")
-        try:
-            first, last = int(low), int(high or low)
-        except ValueError:
-            raise ValueError(f"not a CPU list entry: {part!r} (e.g. 0-3,8)") from None
-        if first < 0 or last < first:
-            raise ValueError(f"not a CPU range: {part!r}")
-        cpus.update(range(first, last + 1))
-    return cpus
 
 
 def run(host: str, port: int, rate: float, duration: float, keys: int, value_size: int,
@@ -187,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--start-ns", type=int, default=None,
                         help="CLOCK_REALTIME ns of the first request (default: now)")
     args = parser.parse_args(argv)
-    print(f"{realtime(args.rt_priority)} on {pin(cpu_set(args.cpus))}", file=sys.stderr,
+    print(f"{realtime(args.rt_priority)} on {pin(set(parse_cpulist(args.cpus)))}", file=sys.stderr,
           flush=True)
     run(args.host, args.port, args.rate, args.duration, args.keys, args.value_size, args.seed,
         sys.stdout.fileno(), start_ns=args.start_ns)

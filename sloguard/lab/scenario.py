@@ -25,7 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sloguard.config import Duration
-from sloguard.lab.loadgen import cpu_set
+from sloguard.cpulist import parse_cpulist
 from sloguard.yamlfile import YamlFileError, load_model
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
@@ -67,7 +67,7 @@ class LsSpec(_Strict):
     @field_validator("cpus")
     @classmethod
     def _cpus(cls, value: str) -> str:
-        cpu_set(value)  # checked here, not once redis and the agent have started
+        parse_cpulist(value)  # checked here, not once redis and the agent have started
         return value
 
 

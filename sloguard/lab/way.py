@@ -26,12 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from sloguard.cpulist import parse_cpulist
 from sloguard.lab.agent import BE_CGROUP, LS_CGROUP, LabAgent, free_port
 from sloguard.lab.antagonists import Antagonist, EpisodeRun, LabSetupError
 from sloguard.lab.cgroups import LabCgroup
 from sloguard.lab.kube import LabNode
-from sloguard.lab.loadgen import cpu_set
-from sloguard.lab.scenario import ScenarioSpec, timeline
+from sloguard.lab.scenario import LsSpec, ScenarioSpec, timeline
 
 PUSH_EVERY_S = 0.5
 # Pushed as a histogram (as a service's metrics library would): 10 us to 10 s, 10% apart, so a
@@ -76,7 +76,7 @@ def shared_cpus(ls_cpus: str, allowed: set[int] | None = None) -> set[int]:
     on the LS cores until a lever moves it. Empty (no restriction) when the LS service has no
     cores of its own or nothing else is left."""
     allowed = os.sched_getaffinity(0) if allowed is None else allowed
-    ls = cpu_set(ls_cpus)
+    ls = set(parse_cpulist(ls_cpus))
     rest = allowed - ls
     return rest if ls and rest else set()
 
@@ -97,6 +97,7 @@ class Relay(threading.Thread):
         self._done = threading.Event()
         self.cpus = cpus or set()
         self.pinned = ""
+        self.pusher: threading.Thread | None = None
 
     def _pin(self) -> None:
         """Pin the calling thread (not the lab process: the processes it starts must not
@@ -112,7 +113,8 @@ class Relay(threading.Thread):
 
     def run(self) -> None:
         self._pin()
-        pusher = threading.Thread(target=self._push_loop, daemon=True, name="lab-push")
+        pusher = self.pusher = threading.Thread(target=self._push_loop, daemon=True,
+                                                name="lab-push")
         pusher.start()
         leftover = b""
         while chunk := self.stdout.read1(1 << 16):
@@ -127,8 +129,7 @@ class Relay(threading.Thread):
         self._done.set()
         pusher.join(timeout=5)
 
-    def _push_loop(self) -> None:
-        self._pin()
+    def _push_loop(self) -> None:  # a thread started by run(): it inherits run's CPUs
         last = time.monotonic()
         while not self._done.wait(PUSH_EVERY_S):
             now = time.monotonic()
@@ -180,77 +181,121 @@ def start_redis(cgroup: LabCgroup, workdir: Path) -> tuple[subprocess.Popen, int
             time.sleep(0.05)
 
 
+class LabStage:
+    """What every lab measurement stands on (a scenario's way, benchmarks/lab_levers.py's
+    cells): fresh LS and BE cgroups, redis in the LS one on the LS cores, its open-loop client
+    and relay on the shared CPUs, optionally the agent, and one teardown that leaves nothing
+    behind whatever failed: antagonists, client, agent (before the cgroups go: its last undo
+    must find them), redis, cgroups."""
+
+    def __init__(self, ls: LsSpec, workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.ls, self.workdir = ls, workdir
+        self.ls_cgroup, self.be_cgroup = LabCgroup(LS_CGROUP), LabCgroup(BE_CGROUP)
+        self.cpus = shared_cpus(ls.cpus)
+        self.redis: subprocess.Popen | None = None
+        self.port = 0
+        self.agent: LabAgent | None = None
+        self.loadgen: subprocess.Popen | None = None
+        self.relay: Relay | None = None
+        self.running: list[Antagonist] = []
+
+    def __enter__(self) -> LabStage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start_ls(self) -> None:
+        if self.ls.cpus:
+            self.ls_cgroup.pin(self.ls.cpus)
+        self.redis, self.port = start_redis(self.ls_cgroup, self.workdir)
+
+    def start_client(self, duration: float, start_ns: int) -> Relay:
+        """The load generator from `start_ns` for `duration` s; the relay pushes its latencies
+        to the agent when there is one."""
+        ls = self.ls
+        self.loadgen = subprocess.Popen(
+            [sys.executable, "-m", "sloguard.lab.loadgen", "--port", str(self.port),
+             "--rate", str(ls.rate), "--duration", str(duration), "--keys", str(ls.keys),
+             "--value-size", str(ls.value_size), "--rt-priority", str(ls.rt_priority),
+             "--start-ns", str(start_ns), "--cpus", ",".join(map(str, sorted(self.cpus)))],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.relay = Relay(self.loadgen.stdout, self.agent, self.cpus)
+        self.relay.start()
+        return self.relay
+
+    def finish_client(self, timeout: float = 60) -> str:
+        """Wait for the client's end; its note (priority, CPUs) or RuntimeError with its
+        stderr."""
+        assert self.loadgen is not None and self.relay is not None
+        _, err = self.loadgen.communicate(timeout=timeout)
+        self.relay.join(timeout=10)
+        text = err.decode(errors="replace")
+        if self.loadgen.returncode != 0:
+            raise RuntimeError(f"the load generator failed ({self.loadgen.returncode}): "
+                               f"{text[-2000:]}")
+        return (text.strip().splitlines() or ["(no note)"])[0]
+
+    def close(self) -> None:
+        for antagonist in self.running:
+            antagonist.kill()
+        self.running.clear()
+        if self.loadgen is not None and self.loadgen.poll() is None:
+            self.loadgen.kill()
+            self.loadgen.wait()
+        if self.agent is not None:
+            self.agent.stop()
+        if self.redis is not None and self.redis.poll() is None:
+            self.redis.kill()
+            self.redis.wait()
+        with contextlib.suppress(OSError):
+            self.be_cgroup.remove()
+        with contextlib.suppress(OSError):
+            self.ls_cgroup.remove()
+
+
 def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
             kubeconfig: str | None = None, lead_s: float = 3.0) -> WayResult:
-    workdir.mkdir(parents=True, exist_ok=True)
     episodes, total = timeline(spec)
-    ls_cgroup, be_cgroup = LabCgroup(LS_CGROUP), LabCgroup(BE_CGROUP)
-    redis = agent = loadgen = None
     node: LabNode | None = None
-    running: list[Antagonist] = []
     try:
-        if spec.ls.cpus:
-            ls_cgroup.pin(spec.ls.cpus)
-        redis, port = start_redis(ls_cgroup, workdir)
-        if kubeconfig:
-            node = LabNode(kubeconfig, "sloguard-lab")
-        cpus = shared_cpus(spec.ls.cpus)
-        agent = LabAgent(workdir, guarded=(way == "guarded"), slo=spec.ls.slo,
-                         kubeconfig=kubeconfig, node="sloguard-lab", cpus=cpus)
-        agent.wait_ready()
-        start_ns = time.time_ns() + int(lead_s * 1e9)
-        loadgen = subprocess.Popen(
-            [sys.executable, "-m", "sloguard.lab.loadgen", "--port", str(port),
-             "--rate", str(spec.ls.rate), "--duration", str(total), "--keys", str(spec.ls.keys),
-             "--value-size", str(spec.ls.value_size), "--rt-priority", str(spec.ls.rt_priority),
-             "--start-ns", str(start_ns), "--cpus", ",".join(map(str, sorted(cpus)))],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        relay = Relay(loadgen.stdout, agent, cpus)
-        relay.start()
-        runs: list[EpisodeRun] = []
-        for episode in episodes:
-            _sleep_until(start_ns + int(episode.start_s * 1e9), start_ns, total, way, progress)
-            if way == "baseline":  # the same periods, nothing run: the ground truth's shadow
-                _sleep_until(start_ns + int(episode.end_s * 1e9), start_ns, total, way,
-                             progress)
-                runs.append(EpisodeRun(episode.antagonist, start_ns + int(episode.start_s * 1e9),
-                                       start_ns + int(episode.end_s * 1e9), 0.0, 0))
-                continue
-            antagonist = Antagonist(episode.antagonist, episode.end_s - episode.start_s,
-                                    spec.be, be_cgroup, workdir)
-            running.append(antagonist)
-            _sleep_until(start_ns + int(episode.end_s * 1e9), start_ns, total, way, progress)
-            runs.append(antagonist.finish())
-            running.remove(antagonist)
-        _sleep_until(start_ns + int(total * 1e9), start_ns, total, way, progress)
-        _, err = loadgen.communicate(timeout=60)
-        relay.join(timeout=10)
-        if loadgen.returncode != 0:
-            raise RuntimeError(f"the load generator failed ({loadgen.returncode}): "
-                               f"{err.decode(errors='replace')[-2000:]}")
-        time.sleep(1.5)  # the agent's last evaluation of what was pushed
-        result = WayResult(spec.name, way, start_ns, total, runs,
-                           incidents=agent.incidents(), actions=agent.actions(),
-                           client=f"{err.decode(errors='replace').strip().splitlines()[0]}"
-                                  f"; relay on {relay.pinned}; agent on {agent.placement()}",
-                           push_errors=relay.push_errors, records=relay.records())
-        result.save(workdir)
-        return result
+        with LabStage(spec.ls, workdir) as stage:
+            stage.start_ls()
+            if kubeconfig:
+                node = LabNode(kubeconfig, "sloguard-lab")
+            agent = stage.agent = LabAgent(workdir, guarded=(way == "guarded"),
+                                           slo=spec.ls.slo, kubeconfig=kubeconfig,
+                                           node="sloguard-lab", cpus=stage.cpus)
+            agent.wait_ready()
+            start_ns = time.time_ns() + int(lead_s * 1e9)
+            relay = stage.start_client(total, start_ns)
+            runs: list[EpisodeRun] = []
+            for episode in episodes:
+                begin_ns = start_ns + int(episode.start_s * 1e9)
+                end_ns = start_ns + int(episode.end_s * 1e9)
+                _sleep_until(begin_ns, start_ns, total, way, progress)
+                if way == "baseline":  # the same periods, nothing run: the ground truth's shadow
+                    _sleep_until(end_ns, start_ns, total, way, progress)
+                    runs.append(EpisodeRun(episode.antagonist, begin_ns, end_ns, 0.0, 0))
+                    continue
+                antagonist = Antagonist(episode.antagonist, episode.end_s - episode.start_s,
+                                        spec.be, stage.be_cgroup, workdir)
+                stage.running.append(antagonist)
+                _sleep_until(end_ns, start_ns, total, way, progress)
+                runs.append(antagonist.finish())
+                stage.running.remove(antagonist)
+            _sleep_until(start_ns + int(total * 1e9), start_ns, total, way, progress)
+            client = stage.finish_client()
+            time.sleep(1.5)  # the agent's last evaluation of what was pushed
+            result = WayResult(spec.name, way, start_ns, total, runs,
+                               incidents=agent.incidents(), actions=agent.actions(),
+                               client=f"{client}; relay on {relay.pinned}; "
+                                      f"agent on {agent.placement()}",
+                               push_errors=relay.push_errors, records=relay.records())
+            result.save(workdir)
+            return result
     finally:
-        for antagonist in running:
-            antagonist.kill()
-        if loadgen is not None and loadgen.poll() is None:
-            loadgen.kill()
-            loadgen.wait()
-        if agent is not None:
-            agent.stop()  # before the cgroups go: its last undo must find them
-        if redis is not None:
-            redis.kill()
-            redis.wait()
-        with contextlib.suppress(OSError):
-            be_cgroup.remove()
-        with contextlib.suppress(OSError):
-            ls_cgroup.remove()
         if node is not None:
             node.remove()
 
