@@ -3,9 +3,10 @@ when they are in place from the start, apart from how fast the guardrail puts th
 
 The shipped policy's lever order comes from these figures (docs/lab.md). Per cell: fresh lab
 cgroups, redis on the LS core under the lab's open-loop client (off the LS core, SCHED_FIFO),
-the levers applied to the BE cgroup (by the agent's own lever classes, with the shipped
-policy's params) before the antagonist starts, then `--quiet` seconds
-without BE and `--seconds` of the antagonist. The LS p99 is over the antagonist's seconds;
+the levers applied to the BE cgroup before the antagonist starts (by the agent's own lever
+classes, with the shipped policy's params: the cpuset lever reserves half the CPUs, lowest
+first, for LS, which is the LS core `0` on a 2-CPU machine), then `--quiet` seconds without BE
+and `--seconds` of the antagonist. The LS p99 is over the antagonist's seconds;
 ratios are against the same repeat's `base` cell (no BE) and BE throughput against the same
 repeat's `none` cell (BE, no lever): machines here are noisy, read the ratios. Repeats go round
 the cells, so a drift of the machine spreads over all of them. Root, redis-server, stress-ng.
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +32,7 @@ from sloguard.actuators.cpu_idle import CpuIdle
 from sloguard.actuators.cpuset import Cpuset
 from sloguard.actuators.env import ActuatorEnv
 from sloguard.actuators.ledger import Ledger
-from sloguard.actuators.step import DONE, StepContext
+from sloguard.actuators.step import DONE, Step, StepContext
 from sloguard.lab.agent import BE_CGROUP, LS_CGROUP
 from sloguard.lab.antagonists import Antagonist
 from sloguard.lab.scenario import BeSpec, LsSpec
@@ -38,16 +40,19 @@ from sloguard.lab.way import LabStage
 
 LEVERS = {"cpu_idle": CpuIdle, "cpuset": Cpuset}  # with the shipped policy's params (none)
 NODE = "sloguard-lab"
+Held = list[tuple[Step, StepContext, dict[str, Any]]]
 
 
-def hold(levers: list[str], workdir: Path) -> list[tuple[object, StepContext, dict]]:
+def hold(levers: list[str], workdir: Path) -> Held:
     """Each lever applied to the lab's BE cgroup by the agent's own lever class, as the
-    ladder would; SystemExit when one cannot be held here. What undo needs, per lever."""
+    ladder would; SystemExit when one cannot be held here as named (a fallback, such as the
+    minimum weight for a missing cpu.idle, would measure another lever). What undo needs."""
     env = ActuatorEnv(NODE, Ledger(workdir / "actuators.db"))
-    inventory = [{"cgroup": "/" + LS_CGROUP, "class": "LS", "level": "cgroup", "name": "redis"},
+    inventory = [{"cgroup": "/" + LS_CGROUP, "class": "LS", "level": "cgroup",
+                  "workload": "redis"},
                  {"cgroup": "/" + BE_CGROUP, "class": "BE", "level": "cgroup",
-                  "name": "stress-ng"}]
-    held = []
+                  "workload": "stress-ng"}]
+    held: Held = []
     for name in levers:
         step = LEVERS[name]({}, env)
         if (why := step.available()) is not None:
@@ -55,10 +60,20 @@ def hold(levers: list[str], workdir: Path) -> list[tuple[object, StepContext, di
         ctx = StepContext(NODE, time.time_ns(), False, "lab-levers",
                           "held in force for the whole cell", lambda: inventory)
         result = step.apply(ctx)
-        if result.status != DONE:
-            raise SystemExit(f"{name} was not applied ({result.status}): {result.detail}")
+        print(f"  {name}: {result.status}: {result.detail}", file=sys.stderr, flush=True)
+        if result.status != DONE or "not done:" in result.detail or "instead" in result.detail:
+            raise SystemExit(f"{name} was not held as named ({result.status}): {result.detail}")
         held.append((step, ctx, result.undo))
     return held
+
+
+def release(held: Held) -> None:
+    """Undo in reverse order, as the ladder does; SystemExit when an undo fails (the next
+    cell would start with a lever still in force)."""
+    for step, ctx, undo in reversed(held):
+        result = step.undo(ctx, undo)
+        if result.status != DONE:
+            raise SystemExit(f"{step.kind} was not undone ({result.status}): {result.detail}")
 
 
 def cell(antagonist: str, levers: list[str], with_be: bool, workdir: Path, ls: LsSpec,
@@ -77,8 +92,7 @@ def cell(antagonist: str, levers: list[str], with_be: bool, workdir: Path, ls: L
             stage.running.remove(running)
             bogo_per_s = run.bogo_ops / run.seconds
         stage.finish_client(timeout=seconds + 60)
-        for step, ctx, undo in reversed(held):
-            step.undo(ctx, undo)  # the lab cgroups go next, but a v2 parent keeps its changes
+        release(held)
         records = relay.records()
         due_s = (records[:, 0] - start_ns) / 1e9
         inside = (records[:, 2] >= 0) & (due_s >= quiet) & (due_s < quiet + seconds)

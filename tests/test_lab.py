@@ -20,8 +20,9 @@ from typer.testing import CliRunner
 
 from sloguard.cli import app
 from sloguard.cpulist import parse_cpulist
+from sloguard.lab.agent import LS_CGROUP
 from sloguard.lab.analysis import mitigated_spans, p99_timeline, way_stats
-from sloguard.lab.antagonists import EpisodeRun, bogo_ops
+from sloguard.lab.antagonists import EpisodeRun, LabSetupError, bogo_ops
 from sloguard.lab.cgroups import LabCgroup, hierarchies, pids_in
 from sloguard.lab.report import build
 from sloguard.lab.scenario import (
@@ -410,6 +411,23 @@ def test_short_lab_run_shows_the_guardrail_working(tmp_path: Path) -> None:
 
 
 @needs_lab
+def test_a_second_lab_is_refused_and_leaves_the_first_running(tmp_path: Path) -> None:
+    """Labs share their cgroups: a second one (a test, the lever benchmark, another `sloguard
+    lab`) would kill the first's processes in its teardown."""
+    first = LabCgroup(LS_CGROUP)
+    sleeper = first.spawn(["sleep", "30"])
+    try:
+        with pytest.raises(LabSetupError, match="another lab is running"):
+            LabStage(LsSpec(), tmp_path)
+        assert sleeper.poll() is None and pids_in(LS_CGROUP) == [sleeper.pid]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        LabStage(LsSpec(), tmp_path).close()  # the lab cgroups gone again
+    assert not any((root / "sloguard-lab").exists() for root in hierarchies())
+
+
+@needs_lab
 def test_the_lever_benchmark_holds_the_agents_own_levers(tmp_path: Path) -> None:
     """benchmarks/lab_levers.py applies the levers through the agent's lever classes (a change
     to a lever shows there): held, BE is SCHED_IDLE and off the LS core; a tiny run measures
@@ -420,17 +438,22 @@ def test_the_lever_benchmark_holds_the_agents_own_levers(tmp_path: Path) -> None
     spec.loader.exec_module(lab_levers)
     ls = LsSpec()
     with LabStage(ls, tmp_path / "hold") as stage:
-        held = lab_levers.hold(["cpu_idle", "cpuset"], tmp_path / "hold")
-        assert [type(step).__name__ for step, _, _ in held] == ["CpuIdle", "Cpuset"]
         paths = stage.be_cgroup.paths()
         idle = [p / "cpu.idle" for p in paths if (p / "cpu.idle").exists()]
         cpusets = [p / "cpuset.cpus" for p in paths if (p / "cpuset.cpus").exists()
                    and (p / "tasks").exists()]
-        assert idle and all(f.read_text().strip() == "1" for f in idle)
+        if not idle:
+            pytest.skip("no cpu.idle here (kernel < 5.15): the benchmark refuses to hold it")
+        before = {f: f.read_text() for f in idle + cpusets}
+        held = lab_levers.hold(["cpu_idle", "cpuset"], tmp_path / "hold")
+        assert [type(step).__name__ for step, _, _ in held] == ["CpuIdle", "Cpuset"]
+        assert all(f.read_text().strip() == "1" for f in idle)
         ls_cpus = set(parse_cpulist(ls.cpus))
         for f in cpusets:
             be = set(parse_cpulist(f.read_text()))
             assert be and not be & ls_cpus, f"{f}: {be}"
+        lab_levers.release(held)
+        assert {f: f.read_text() for f in idle + cpusets} == before
     out = tmp_path / "cells.json"
     done = subprocess.run(
         [sys.executable, str(BENCH / "lab_levers.py"), "--antagonists", "cpu", "--repeats", "1",

@@ -169,13 +169,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--value-size", type=int, default=256)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rt-priority", type=int, default=20, help="0: stay at normal priority")
-    parser.add_argument("--cpus", default="", help="run only on these CPUs (a cpulist such as "
-                        "1-3); empty: any")
+    parser.add_argument("--cpus", type=lambda text: set(parse_cpulist(text)), default=set(),
+                        help="run only on these CPUs (a cpulist such as 1-3); empty: any")
     parser.add_argument("--start-ns", type=int, default=None,
                         help="CLOCK_REALTIME ns of the first request (default: now)")
     args = parser.parse_args(argv)
-    print(f"{realtime(args.rt_priority)} on {pin(set(parse_cpulist(args.cpus)))}", file=sys.stderr,
-          flush=True)
+    print(f"{realtime(args.rt_priority)} on {pin(args.cpus)}", file=sys.stderr, flush=True)
     run(args.host, args.port, args.rate, args.duration, args.keys, args.value_size, args.seed,
         sys.stdout.fileno(), start_ns=args.start_ns)
 

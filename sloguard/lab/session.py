@@ -14,12 +14,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sloguard.lab.agent import BE_CGROUP, LS_CGROUP
 from sloguard.lab.antagonists import LabSetupError, stress_ng
-from sloguard.lab.cgroups import pids_in
 from sloguard.lab.report import ScenarioReport, ScenarioRuns, build, markdown
 from sloguard.lab.scenario import WAYS, ScenarioSpec, timeline
-from sloguard.lab.way import WayResult, run_way
+from sloguard.lab.way import WayResult, refuse_a_second_lab, run_way
 
 Progress = Callable[[str, int, float, str], None]  # scenario, run, fraction of its way, way
 
@@ -39,10 +37,7 @@ def preflight() -> None:
                         "(or run scripts/lab-testenv.sh)")
     if problems:
         raise LabSetupError("; ".join(problems))
-    for rel in (BE_CGROUP, LS_CGROUP):
-        if pids := pids_in(rel):
-            raise LabSetupError(f"cgroup {rel} has processes: another lab is running (or a "
-                                f"killed one left them: kill {' '.join(map(str, pids))})")
+    refuse_a_second_lab()
 
 
 def session_seconds(specs: list[ScenarioSpec], repeats: int = 1) -> float:

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from sloguard.cpulist import parse_cpulist
+from sloguard.cpulist import format_cpulist, parse_cpulist
 from sloguard.lab.agent import BE_CGROUP, LS_CGROUP, LabAgent, free_port
 from sloguard.lab.antagonists import Antagonist, EpisodeRun, LabSetupError
-from sloguard.lab.cgroups import LabCgroup
+from sloguard.lab.cgroups import LabCgroup, pids_in
 from sloguard.lab.kube import LabNode
 from sloguard.lab.scenario import LsSpec, ScenarioSpec, timeline
 
@@ -181,6 +181,14 @@ def start_redis(cgroup: LabCgroup, workdir: Path) -> tuple[subprocess.Popen, int
             time.sleep(0.05)
 
 
+def refuse_a_second_lab() -> None:
+    """Two labs would share the lab cgroups, and the second's teardown kills the first's."""
+    for rel in (BE_CGROUP, LS_CGROUP):
+        if pids := pids_in(rel):
+            raise LabSetupError(f"cgroup {rel} has processes: another lab is running (or a "
+                                f"killed one left them: kill {' '.join(map(str, pids))})")
+
+
 class LabStage:
     """What every lab measurement stands on (a scenario's way, benchmarks/lab_levers.py's
     cells): fresh LS and BE cgroups, redis in the LS one on the LS cores, its open-loop client
@@ -189,22 +197,36 @@ class LabStage:
     must find them), redis, cgroups."""
 
     def __init__(self, ls: LsSpec, workdir: Path) -> None:
+        refuse_a_second_lab()
         workdir.mkdir(parents=True, exist_ok=True)
         self.ls, self.workdir = ls, workdir
-        self.ls_cgroup, self.be_cgroup = LabCgroup(LS_CGROUP), LabCgroup(BE_CGROUP)
+        self.ls_cgroup = LabCgroup(LS_CGROUP)
+        try:
+            self.be_cgroup = LabCgroup(BE_CGROUP)
+        except OSError:
+            with contextlib.suppress(OSError):
+                self.ls_cgroup.remove()
+            raise
         self.cpus = shared_cpus(ls.cpus)
         self.redis: subprocess.Popen | None = None
         self.port = 0
         self.agent: LabAgent | None = None
         self.loadgen: subprocess.Popen | None = None
         self.relay: Relay | None = None
+        self._client_log = workdir / "loadgen.log"
         self.running: list[Antagonist] = []
 
     def __enter__(self) -> LabStage:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        try:
+            self.close()
+        except Exception as failed:
+            if exc is None:
+                raise
+            exc.add_note(f"the lab's teardown failed too: {failed!r}")  # the first error wins
 
     def start_ls(self) -> None:
         if self.ls.cpus:
@@ -215,12 +237,13 @@ class LabStage:
         """The load generator from `start_ns` for `duration` s; the relay pushes its latencies
         to the agent when there is one."""
         ls = self.ls
-        self.loadgen = subprocess.Popen(
-            [sys.executable, "-m", "sloguard.lab.loadgen", "--port", str(self.port),
-             "--rate", str(ls.rate), "--duration", str(duration), "--keys", str(ls.keys),
-             "--value-size", str(ls.value_size), "--rt-priority", str(ls.rt_priority),
-             "--start-ns", str(start_ns), "--cpus", ",".join(map(str, sorted(self.cpus)))],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        with self._client_log.open("wb") as log:  # stdout is the relay's alone
+            self.loadgen = subprocess.Popen(
+                [sys.executable, "-m", "sloguard.lab.loadgen", "--port", str(self.port),
+                 "--rate", str(ls.rate), "--duration", str(duration), "--keys", str(ls.keys),
+                 "--value-size", str(ls.value_size), "--rt-priority", str(ls.rt_priority),
+                 "--start-ns", str(start_ns), "--cpus", format_cpulist(self.cpus)],
+                stdout=subprocess.PIPE, stderr=log)
         self.relay = Relay(self.loadgen.stdout, self.agent, self.cpus)
         self.relay.start()
         return self.relay
@@ -229,30 +252,40 @@ class LabStage:
         """Wait for the client's end; its note (priority, CPUs) or RuntimeError with its
         stderr."""
         assert self.loadgen is not None and self.relay is not None
-        _, err = self.loadgen.communicate(timeout=timeout)
+        self.loadgen.wait(timeout=timeout)
         self.relay.join(timeout=10)
-        text = err.decode(errors="replace")
+        text = self._client_log.read_text(errors="replace")
         if self.loadgen.returncode != 0:
             raise RuntimeError(f"the load generator failed ({self.loadgen.returncode}): "
                                f"{text[-2000:]}")
         return (text.strip().splitlines() or ["(no note)"])[0]
 
     def close(self) -> None:
+        """Every part goes even when one refuses: the first error is raised at the end."""
+        errors: list[BaseException] = []
+
+        def attempt(undo: Callable[[], object]) -> None:
+            try:
+                undo()
+            except Exception as exc:  # kept, raised once the rest is gone
+                errors.append(exc)
+
         for antagonist in self.running:
-            antagonist.kill()
+            attempt(antagonist.kill)
         self.running.clear()
         if self.loadgen is not None and self.loadgen.poll() is None:
-            self.loadgen.kill()
-            self.loadgen.wait()
+            attempt(self.loadgen.kill)
+            attempt(self.loadgen.wait)
         if self.agent is not None:
-            self.agent.stop()
+            attempt(self.agent.stop)
         if self.redis is not None and self.redis.poll() is None:
-            self.redis.kill()
-            self.redis.wait()
-        with contextlib.suppress(OSError):
-            self.be_cgroup.remove()
-        with contextlib.suppress(OSError):
-            self.ls_cgroup.remove()
+            attempt(self.redis.kill)
+            attempt(self.redis.wait)
+        for cgroup in (self.be_cgroup, self.ls_cgroup):
+            with contextlib.suppress(OSError):
+                cgroup.remove()
+        if errors:
+            raise errors[0]
 
 
 def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
