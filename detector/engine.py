@@ -194,7 +194,7 @@ class Engine:
         """
         subscriptions, loaded = [], 0
         signals = [(rule, spec) for rule in self.rules.rules
-                   for spec in (rule.spec, *rule.spec.and_)]
+                   for spec in (rule.spec, *(c for _, _, c in rule.spec.conditions))]
         for rule, spec in signals:
             subscription, new = self.windows.subscribe(spec.selector, spec.field, spec.window)
             subscriptions.append(subscription)
@@ -217,8 +217,10 @@ class Engine:
         silent = open_series - values.keys()  # open alerts whose series sent nothing: NaN
         inputs = {**values, **dict.fromkeys(silent, math.nan)} if silent else values
         jobs = [(rule.key, rule.spec, inputs)]
-        for index, condition in enumerate(rule.spec.and_):  # compound rules: other signals
-            jobs.append((f"{rule.key}#and{index}", condition,
+        kinds = []
+        for kind, index, condition in rule.spec.conditions:  # compound rules: other signals
+            kinds.append(kind)
+            jobs.append((f"{rule.key}#{kind}{index}", condition,
                          self._values(rule, now_ns, condition)))
         # Plugin code (constructors included) runs on the worker, under the deadline; what it
         # builds is kept only once the run has succeeded.
@@ -248,11 +250,12 @@ class Engine:
             self._series_errors[rule.key] = (f"{len(failures)} series failed, e.g. "
                                              f"{failures[0]}")[:500]
         holds, notes = True, []
-        for (_, condition, _), judged in zip(jobs[1:], judged_all[1:], strict=True):
+        for kind, (_, condition, _), judged in zip(kinds, jobs[1:], judged_all[1:],
+                                                    strict=True):
             crossed = len(judged.crossed)
-            holds = holds and crossed > 0
-            notes.append(f"{condition.expr} {condition.field}: {crossed} of "
-                         f"{len(judged.inputs)} series crossed")
+            holds = holds and (crossed > 0 if kind == "and" else crossed == 0)
+            notes.append(f"{'unless ' if kind == 'unless' else ''}{condition.expr} "
+                         f"{condition.field}: {crossed} of {len(judged.inputs)} series crossed")
         main = judged_all[0]
         # Only series that crossed, have an alert, or count evaluations can change state: the
         # thousands that are quiet are not stepped one by one.

@@ -101,6 +101,11 @@ class RuleSpec(SignalSpec):
         default_factory=list, alias="and",
         description="conditions that must all hold too; the rule stays one alert per series "
                     "of its own expr")
+    unless: list[Condition] = Field(
+        default_factory=list,
+        description="conditions none of which may hold (Prometheus `unless`): while one does, "
+                    "the rule does not fire, and a firing alert recovers; e.g. route an "
+                    "I/O-bound cause to a rule and policy of its own")
     for_: Duration = Field(0.0, alias="for")
     for_evaluations: EvaluationCount | None = Field(
         None, description="fire when this many of the last evaluations crossed (with `for`)")
@@ -111,6 +116,12 @@ class RuleSpec(SignalSpec):
     policy: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_.-]+$",
         description="the escalation policy a firing alert of this rule drives (policies/)")
+
+    @property
+    def conditions(self) -> list[tuple[str, int, Condition]]:
+        """Every other signal of the rule: ("and" | "unless", index, condition)."""
+        return [("and", i, c) for i, c in enumerate(self.and_)] + \
+            [("unless", i, c) for i, c in enumerate(self.unless)]
 
 
 class GroupSpec(BaseModel):
@@ -172,8 +183,8 @@ def load_rule_file(path: Path, validate_params: Any = None) -> list[LoadedRule]:
                 problems.append(f"{source}: {'.'.join(loc)}: rule {loaded.key} is defined twice")
             seen.add(loaded.key)
             if validate_params is not None:
-                signals = [(loc, rule)] + [((*loc, "and", str(ci)), cond)
-                                           for ci, cond in enumerate(rule.and_)]
+                signals = [(loc, rule)] + [((*loc, kind, str(ci)), cond)
+                                           for kind, ci, cond in rule.conditions]
                 for where, signal in signals:
                     try:
                         validate_params(signal)

@@ -117,7 +117,8 @@ def test_agent_detects_and_resolves_and_survives_restart(tmp_path, real_cgroups,
         assert (acted[0]["step"], acted[0]["status"], acted[0]["dry_run"]) == (
             "notify", "skipped", True)
         assert "no notifier configured" in acted[0]["detail"]
-        assert names["actuators"]["details"]["policies"] == ["ls-interference", "ls-memory"]
+        assert names["actuators"]["details"]["policies"] == [
+            "ls-interference", "ls-io", "ls-memory"]
         actions = agent.get("/api/actions").json()["actions"]
         # the first lever follows in the same tick (in shadow mode, the default; with no BE
         # cgroup here, it says there is nothing to act on)

@@ -1057,7 +1057,8 @@ def test_an_episode_without_a_rung_still_ends_and_a_removed_policy_is_forgotten(
 
 def test_every_shipped_rule_names_a_shipped_policy_and_each_cause_gets_its_own_levers():
     """LSLatencyInterference and LSCpuStall drive SCHED_IDLE then cpuset, in that order on every
-    node; memory stalls drive memory_limit; neither gets cpu_quota (the lab: it did not protect
+    node; an I/O-bound BE (LSLatencyIOInterference) SCHED_IDLE only; memory stalls drive
+    memory_limit; neither gets cpu_quota (the lab: it did not protect
     the LS tail) nor the other's lever (stacked, they made the cache tail worse)."""
     from pathlib import Path
 
@@ -1069,6 +1070,7 @@ def test_every_shipped_rule_names_a_shipped_policy_and_each_cause_gets_its_own_l
     assert {name for name in named.values() if name} <= set(policies)
     assert named["LSLatencyInterference"] == named["LSCpuStall"] == "ls-interference"
     assert named["LSMemoryStall"] == "ls-memory"
+    assert named["LSLatencyIOInterference"] == "ls-io"
 
     def levers(name: str, learnt: list[str]) -> list[str]:
         kinds = {"cpu_idle", "cpuset", "cpu_quota", "memory_limit", "resctrl"}
@@ -1078,3 +1080,5 @@ def test_every_shipped_rule_names_a_shipped_policy_and_each_cause_gets_its_own_l
     assert levers("ls-interference", []) == ["cpu_idle", "cpuset", "resctrl"]
     assert levers("ls-interference", ["cpuset"]) == ["cpu_idle", "cpuset", "resctrl"]
     assert levers("ls-memory", ["cpuset"]) == ["memory_limit"]
+    # an I/O-bound BE: SCHED_IDLE, never cpuset (the lab: it made the io tail worse)
+    assert levers("ls-io", ["cpuset"]) == ["cpu_idle"]

@@ -577,6 +577,68 @@ def test_compound_rule_fires_only_when_the_conditions_agree(tmp_path):
     assert incident.state == RESOLVED and incident.quiet_since_ns == T0 + 10 * S
 
 
+UNLESS = COMPOUND.replace("        severity: critical", """        unless:
+          - expr: io{class="BE"}
+            field: stall
+            aggregate: max
+            window: 3s
+            params: {above: 5, recover_below: 1}
+        severity: critical""")
+
+
+def test_unless_keeps_a_rule_quiet_while_its_condition_holds(tmp_path):
+    """Prometheus `unless`: the rule fires only while none of its `unless` conditions holds,
+    a firing alert recovers once one does, and no series at all blocks nothing."""
+    h = _Harness(tmp_path, UNLESS)
+
+    def be(second, usage, stall=None):
+        samples = [Sample("cpu", {"node": "node-a", "class": "BE", "pod": "batch"},
+                          {"usage": usage}, T0 + second * S)]
+        if stall is not None:
+            samples.append(Sample("io", {"node": "node-a", "class": "BE", "pod": "batch"},
+                                  {"stall": stall}, T0 + second * S))
+        h.store.write(samples)
+        h.windows.add(samples)
+
+    for second in range(4):  # LS slow, BE busy, but BE stalls on I/O: another rule's case
+        be(second, 1.9, stall=20.0)
+        h.at(second, 30.0)
+    assert h.all() == []
+    for second in range(4, 12):  # the stall is gone (max over 3 s, then hysteresis below 1)
+        be(second, 1.9, stall=0.0)
+        h.at(second, 30.0)
+    [incident] = h.all()
+    assert incident.state == FIRING
+    assert any('unless io{class="BE"} stall: 0 of 1 series crossed' in e.note
+               for e in incident.evidence)
+    for second in range(12, 16):  # the stall comes back: the alert recovers
+        be(second, 1.9, stall=20.0)
+        h.at(second, 30.0)
+    [incident] = h.all()
+    assert incident.state == RESOLVED
+
+
+def test_unless_without_any_series_blocks_nothing(tmp_path):
+    h = _Harness(tmp_path, UNLESS)
+    for second in range(8):
+        sample = Sample("cpu", {"node": "node-a", "class": "BE", "pod": "batch"},
+                        {"usage": 1.9}, T0 + second * S)
+        h.store.write([sample])
+        h.windows.add([sample])
+        h.at(second, 30.0)
+    assert [i.state for i in h.all()] == [FIRING]
+
+
+def test_unless_conditions_are_validated(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(UNLESS.replace("params: {above: 5, recover_below: 1}",
+                                   "params: {abov: 5}"))
+    validate = lambda spec: make_detector(spec.detector, spec.params)  # noqa: E731
+    with pytest.raises(RuleFileError,
+                       match=r"r.yaml:\d+:\d+: groups.0.rules.0.unless.0.params: unknown"):
+        load_rule_file(path, validate)
+
+
 def test_compound_conditions_are_validated(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(COMPOUND.replace("params: {above: 1.5}", "params: {abve: 1.5}"))
@@ -923,6 +985,46 @@ def test_shipped_slo_interference_rule_needs_busy_be_work_and_drives_the_policy(
     # the fast rule moves levers without paging; the lasting breach is the page
     [breach] = [i for i in h.all() if i.rule == "LSLatencySLOBreach"]
     assert (guard.severity, breach.severity) == ("warning", "critical")
+
+
+def test_shipped_slo_rules_route_an_io_bound_be_to_the_io_policy(tmp_path):
+    """The lab: moving an I/O-bound BE off the LS cores made the LS tail worse, so a breach
+    while BE stalls on I/O drives ls-io (no cpuset), and only a breach without it drives
+    ls-interference; each episode gets exactly one of the two."""
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parent.parent / "rules" / "ls-latency-slo.yaml"
+    h = _Harness(tmp_path, shipped.read_text())
+
+    def tick(second: int, io_stall: float) -> None:
+        now = h.now = T0 + second * S
+        be = {"node": "node-a", "class": "BE", "level": "pod", "pod": "batch"}
+        samples = [
+            Sample("app_slo", {"node": "node-a", "service": "web", "percentile": "p99"},
+                   {"latency_ratio": 2.0 if second % 100 < 20 else 0.5, "burn_rate": 0.0},
+                   now),
+            Sample("container_cpu", be, {"usage_cores": 1.5}, now),
+            Sample("container_pressure", {**be, "resource": "io"}, {"some_rate": io_stall},
+                   now)]
+        h.store.write(samples)
+        h.windows.add(samples)
+        h.engine.evaluate(now)
+
+    def firing() -> dict[str, str]:
+        return {i.rule: i.policy for i in h.all()
+                if i.state == FIRING and i.rule.startswith("LSLatency") and "SLO" not in i.rule}
+
+    for second in range(20):  # BE stalled on I/O 15-30% of the time (stress-ng --iomix)
+        tick(second, 15.0 + second % 3 * 7)
+    assert firing() == {"LSLatencyIOInterference": "ls-io"}
+    [io] = [i for i in h.all() if i.rule == "LSLatencyIOInterference"]
+    assert io.labels["resource"] == "io"
+    for second in range(20, 100):  # recovered: both quiet
+        tick(second, 0.0)
+    assert firing() == {}
+    for second in range(100, 120):  # BE on the CPU, no I/O stall: the CPU/cache policy
+        tick(second, 0.3)
+    assert firing() == {"LSLatencyInterference": "ls-interference"}
 
 
 @pytest.mark.parametrize(("file", "rule", "resource", "policy"), [
