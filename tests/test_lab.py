@@ -101,7 +101,11 @@ def _result(way: str, actions: list[dict] | None = None) -> WayResult:
     records = np.stack([intended, intended + 1000, done], axis=1)
     episode = EpisodeRun("cache", start + 10 * 10**9, start + 20 * 10**9,
                          0.0 if way == "baseline" else 5000.0, 0)
-    incidents = [{"rule": "LSLatencyInterference", "fired_ns": start + 12 * 10**9}]
+    # the delay to firing is the first incident that drives a policy (any rule routing to one),
+    # not an alert-only rule's
+    incidents = [{"rule": "LSLatencySLOBreach", "fired_ns": start + 11 * 10**9},
+                 {"rule": "LSLatencyIOInterference", "policy": "ls-io",
+                  "fired_ns": start + 12 * 10**9}]
     return WayResult("t", way, start, 30.0, [episode], incidents=incidents,
                      actions=actions or [], records=records)
 

@@ -26,7 +26,6 @@ from sloguard.lab.way import WayResult
 MITIGATING = frozenset({"cpu_idle", "cpuset", "cpu_quota", "memory_limit", "resctrl", "evict"})
 ACTED = frozenset({"done", "proposed"})
 GRACE_S = 10.0  # after an episode ends, rungs still belong to it (the rule's recovery hold)
-POLICY_RULE = "LSLatencyInterference"
 
 
 def latencies_ms(records: np.ndarray) -> np.ndarray:
@@ -100,7 +99,7 @@ def way_stats(result: WayResult) -> WayStats:
         be_ops_per_s=ops / seconds if seconds > 0 and result.way != "baseline" else 0.0,
         actions=actions)
     fired = sorted((i["fired_ns"] - result.start_ns) / 1e9 for i in result.incidents
-                   if i.get("fired_ns") and i["rule"] == POLICY_RULE)
+                   if i.get("fired_ns") and i.get("policy"))  # the rules that move levers
     applied = [a for a in actions if a["action"] == "apply" and a["status"] in ACTED]
     for episode, (start, end) in zip(result.episodes, spans, strict=True):
         window = (start, end + GRACE_S)
