@@ -64,6 +64,7 @@ def hold(levers: list[str], workdir: Path) -> Held:
         if result.status != DONE or "not done:" in result.detail or "instead" in result.detail:
             raise SystemExit(f"{name} was not held as named ({result.status}): {result.detail}")
         held.append((step, ctx, result.undo))
+    env.ledger.close()  # the undo records are in `held`; the levers do not need it again
     return held
 
 

@@ -55,7 +55,7 @@ def backtest(
         feed: list[Sample] = []
         seen: set[tuple] = set()  # rules sharing a signal must not see its samples twice
         for rule in rules.rules:
-            for index, spec in enumerate((rule.spec, *(c for _, _, c in rule.spec.conditions))):
+            for index, spec in enumerate(rule.spec.signals):
                 samples = store.read_samples(WindowQuery(
                     spec.selector.measurement, start_ns - int(spec.window * 1e9), end_ns + 1,
                     fields=(spec.field,), matchers=spec.selector.matchers))

@@ -194,7 +194,7 @@ class Engine:
         """
         subscriptions, loaded = [], 0
         signals = [(rule, spec) for rule in self.rules.rules
-                   for spec in (rule.spec, *(c for _, _, c in rule.spec.conditions))]
+                   for spec in rule.spec.signals]
         for rule, spec in signals:
             subscription, new = self.windows.subscribe(spec.selector, spec.field, spec.window)
             subscriptions.append(subscription)
@@ -217,9 +217,7 @@ class Engine:
         silent = open_series - values.keys()  # open alerts whose series sent nothing: NaN
         inputs = {**values, **dict.fromkeys(silent, math.nan)} if silent else values
         jobs = [(rule.key, rule.spec, inputs)]
-        kinds = []
         for kind, index, condition in rule.spec.conditions:  # compound rules: other signals
-            kinds.append(kind)
             jobs.append((f"{rule.key}#{kind}{index}", condition,
                          self._values(rule, now_ns, condition)))
         # Plugin code (constructors included) runs on the worker, under the deadline; what it
@@ -250,8 +248,8 @@ class Engine:
             self._series_errors[rule.key] = (f"{len(failures)} series failed, e.g. "
                                              f"{failures[0]}")[:500]
         holds, notes = True, []
-        for kind, (_, condition, _), judged in zip(kinds, jobs[1:], judged_all[1:],
-                                                    strict=True):
+        for (kind, _, condition), judged in zip(rule.spec.conditions, judged_all[1:],
+                                                strict=True):
             crossed = len(judged.crossed)
             holds = holds and (crossed > 0 if kind == "and" else crossed == 0)
             notes.append(f"{'unless ' if kind == 'unless' else ''}{condition.expr} "

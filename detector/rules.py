@@ -123,6 +123,11 @@ class RuleSpec(SignalSpec):
         return [("and", i, c) for i, c in enumerate(self.and_)] + \
             [("unless", i, c) for i, c in enumerate(self.unless)]
 
+    @property
+    def signals(self) -> list[SignalSpec]:
+        """The rule's own signal, then every condition's: what the engine subscribes to."""
+        return [self, *(c for _, _, c in self.conditions)]
+
 
 class GroupSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
