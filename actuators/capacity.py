@@ -232,6 +232,7 @@ class ReduceCapacity(KubeStep):
             return StepResult(PROPOSED, self.target, f"would set {said}", undo)
         state = json.dumps({"owner": self.owner, "incident": ctx.incident_id, "values": values},
                            sort_keys=True, separators=(",", ":"))
+        ctx.intend(undo)  # write-ahead: what the values were, before any of them changes
         try:
             # The record first: if the status patch then fails, the record names values that do
             # not stand, which the next apply and the undo both recognise as not ours.

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sloguard import failpoints
 from sloguard.actuators.env import ActuatorEnv
 from sloguard.actuators.step import (
     BE,
@@ -75,11 +76,13 @@ def read_value(path: Path) -> str | None:
 def write_value(path: Path, value: str) -> None:
     """One write(2) of the whole value, never creating the file: a cgroup file that does not
     exist is a missing feature (an old kernel, a disabled controller), not something to make."""
+    failpoints.hit("cgroup.write:before")
     fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
     try:
         os.write(fd, (value + "\n").encode())
     finally:
         os.close(fd)
+    failpoints.hit("cgroup.write:after")
 
 
 class Guard:
@@ -213,6 +216,7 @@ class Changes:
         self.refused: list[str] = []  # safety refusals: final
         self.written = 0
         self.kept = 0  # already in force
+        self.extra: dict[str, Any] = {}  # the lever's own undo data beside the writes
         self._earlier: dict[str, list[dict[str, Any]]] = {}
         self._same_lever: list[dict[str, Any]] = []
         key = params_key(params)
@@ -293,6 +297,9 @@ class Changes:
             return "written"
         wrote: str | None = current
         if earlier is None or norm(current) != norm(value):
+            # write-ahead: the original is on record before the file changes (raises, and
+            # nothing is written, when the ledger cannot take it)
+            self.intend(self._record(parts, path, original, value, side))
             try:
                 write_value(path, value)
             except OSError as exc:
@@ -310,6 +317,11 @@ class Changes:
         self.records.append(self._record(parts, path, original, wrote or "", side))
         self.lines.append(f"{path_name(parts)}: {path.name} {original} -> {wrote}")
         return "written"
+
+    def intend(self, pending: dict[str, Any] | None = None) -> None:
+        """Announce the next write: the undo data as it will stand once it is made."""
+        records = self.records + ([pending] if pending else [])
+        self.ctx.intend({"writes": records, **self.extra})
 
     @staticmethod
     def _record(parts: tuple[str, ...], path: Path, old: str, wrote: str,

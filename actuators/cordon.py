@@ -86,6 +86,7 @@ class Cordon(KubeStep):
         if ctx.dry_run:
             return StepResult(PROPOSED, self.target, "would cordon the node (spec.unschedulable)",
                               {"owned": True})
+        ctx.intend({"owned": True})  # write-ahead: a cordon the agent dies in is undone
         self._patch({
             "metadata": {"resourceVersion": node.metadata.resource_version, "annotations": {
                 OWNER: self.owner, INCIDENT: ctx.incident_id, SINCE: _stamp(ctx.now_ns)}},
@@ -104,6 +105,7 @@ class Cordon(KubeStep):
         if ctx.dry_run:
             return StepResult(PROPOSED, self.target, f"would taint {TAINT_KEY}:{self.taint}",
                               {"owned": True, "taint": self.taint})
+        ctx.intend({"owned": True, "taint": self.taint})
         kept = [_taint_dict(t) for t in taints]
         kept.append({"key": TAINT_KEY, "value": ctx.incident_id, "effect": self.taint})
         self._patch({"metadata": {"resourceVersion": node.metadata.resource_version,

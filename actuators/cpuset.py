@@ -151,6 +151,7 @@ class Cpuset:
                               {"writes": []})
         changes.note(f"LS cores {format_cpulist(ls)}")
         enabled: list[str] = []
+        changes.extra["ls_cpus"] = format_cpulist(ls)
         for target in targets:
             located = cgroups.controller_dir("cpuset", target.parts)
             if located is None:
@@ -238,6 +239,8 @@ class Cpuset:
                 directory / "cpuset.cpus"), "old": "", "wrote": value})
             enabled.append(str(control))
             return False
+        changes.extra["enabled"] = [*enabled, str(control)]
+        changes.intend()  # undo disables it again, even if the agent dies right after
         try:
             self._subtree_control(control, "+cpuset")
         except OSError as exc:

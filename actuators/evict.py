@@ -239,11 +239,16 @@ class Evict(KubeStep):
         ledger = self.env.ledger
         # Shadow mode counts its own proposals, so it proposes what the budget would allow.
         statuses = (DONE, PROPOSED) if ctx.dry_run else (DONE,)
+        # an eviction whose outcome is not known yet (the reply was lost, the agent died in
+        # it: an intent the ladder has not reconciled) counts as spent until it is known
+        pending = [] if ctx.dry_run else [i for i in ledger.intents() if i.kind == self.kind]
         hour = sum(ledger.count(self.kind, s, ctx.now_ns - HOUR_NS) for s in statuses)
+        hour += len(pending)
         if hour >= self.per_hour:
             return f"budget spent: {hour} eviction(s) on this node in the last hour " \
                    f"(per_hour {self.per_hour})"
         incident = sum(ledger.count(self.kind, s, 0, ctx.incident_id) for s in statuses)
+        incident += sum(1 for i in pending if i.incident == ctx.incident_id)
         if incident >= self.per_incident:
             return f"budget spent: {incident} eviction(s) for incident {ctx.incident_id} " \
                    f"(per_incident {self.per_incident})"
@@ -281,26 +286,49 @@ class Evict(KubeStep):
             return self._failed(exc, "discovering the Eviction API version", ranking, undo)
         blocked: list[str] = []
         for candidate in candidates:
+            # write-ahead: an eviction the agent dies in (or whose reply is lost) is looked up
+            # before anything else, so that it is counted and never followed by a second one
+            ctx.intend({**undo, "evicting": candidate.ref, "namespace": candidate.namespace,
+                        "name": candidate.name, "uid": candidate.uid, "not_evicted": blocked})
+            lost = ""
             try:
                 self._evict(candidate, version)
             except Exception as exc:
                 status = api_status(exc)
-                if status == 429:
+                if status not in (404, 409, 429):
+                    # the server may have taken it and the reply been lost (a timeout, a
+                    # dropped connection, a 5xx from a proxy): the pod says which
+                    try:
+                        evicted = self.evicted(candidate.namespace, candidate.name,
+                                               candidate.uid)
+                    except Exception as check:
+                        undo["not_evicted"] = blocked
+                        undo.update(evicting=candidate.ref, namespace=candidate.namespace,
+                                    name=candidate.name, uid=candidate.uid)
+                        return self._failed(exc, f"evicting {candidate.ref} (and then "
+                                                 f"looking it up: {describe(check)})",
+                                            ranking, undo)
+                    if evicted:
+                        lost = f" (the reply was lost: {describe(exc)}; the pod is {evicted})"
+                if lost:
+                    pass  # it was evicted: counted below like any other
+                elif status == 429:
                     blocked.append(f"{candidate.ref}: blocked by a PodDisruptionBudget "
                                    f"({describe(exc)})")
                     continue
-                if status == 404:
+                elif status == 404:
                     blocked.append(f"{candidate.ref}: gone already")
                     continue
-                if status == 409:  # the uid precondition: a namesake replaced the ranked pod
+                elif status == 409:  # the uid precondition: a namesake replaced the pod
                     blocked.append(f"{candidate.ref}: replaced by a new pod since the ranking")
                     continue
-                undo["not_evicted"] = blocked
-                return self._failed(exc, f"evicting {candidate.ref}", ranking, undo)
+                else:
+                    undo["not_evicted"] = blocked
+                    return self._failed(exc, f"evicting {candidate.ref}", ranking, undo)
             undo["evicted"] = candidate.ref
             undo["uid"] = candidate.uid
             undo["not_evicted"] = blocked
-            said = f"evicted {candidate.ref} ({version} Eviction)"
+            said = f"evicted {candidate.ref} ({version} Eviction){lost}"
             if blocked:
                 said += "; before it: " + "; ".join(blocked)
             emit_node_event(self._api(), self.env.node, "SloguardEvicted",
@@ -310,6 +338,40 @@ class Evict(KubeStep):
         return StepResult(SKIPPED, self.target,
                           "no candidate could be evicted: " + "; ".join(blocked) + f"; {ranking}",
                           undo)
+
+    def evicted(self, namespace: str, name: str, uid: str) -> str:
+        """How the pod shows it was evicted ('' when it was not): gone, replaced by a namesake,
+        or terminating."""
+        # a list by name, not a get: the shipped RBAC lets the agent list pods, not read one
+        found = self._api().list_namespaced_pod(
+            namespace, field_selector=f"metadata.name={name}",
+            _request_timeout=self.env.request_timeout_s).items
+        if not found:
+            return "gone"
+        pod = found[0]
+        if uid and pod.metadata.uid != uid:
+            return "gone (a new pod has its name)"
+        if pod.metadata.deletion_timestamp is not None:
+            return "terminating"
+        return ""
+
+    def recover(self, ctx: StepContext, undo: dict[str, Any]) -> StepResult:
+        """An eviction the agent died in, or whose reply was lost: did it happen? Counted in
+        the budget when it did; never repeated blindly (a second apply evicts the next pod)."""
+        ref = undo.get("evicting", "")
+        if not ref:
+            return StepResult(SKIPPED, self.target, "no eviction was under way")
+        try:
+            evicted = self.evicted(undo.get("namespace", ""), undo.get("name", ""),
+                                   undo.get("uid", ""))
+        except Exception as exc:
+            return self._failed(exc, f"looking up {ref}, whose eviction was under way")
+        if evicted:
+            return StepResult(DONE, f"pod/{ref}", f"evicted {ref}: the pod is {evicted} "
+                                                  "(the outcome was not recorded in time)",
+                              {**undo, "evicted": ref})
+        return StepResult(SKIPPED, f"pod/{ref}", f"{ref} was not evicted (the agent stopped "
+                                                 "before the eviction took)")
 
     def _evict(self, candidate: Candidate, version: str) -> None:
         body: dict[str, Any] = {

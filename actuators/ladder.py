@@ -36,7 +36,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from sloguard.actuators.ledger import AuditEntry, Descent, Ledger, RungState
+from sloguard.actuators.ledger import AuditEntry, Descent, Intent, Ledger, RungState
 from sloguard.actuators.policy import Policy, PolicySet, Rung, StepSpec
 from sloguard.actuators.step import (
     DONE,
@@ -86,6 +86,8 @@ class Ladder:
         self.errors: dict[str, str] = {}  # policy name -> why it cannot run
         self._held: set[tuple[str, int]] = set()  # (policy, rung) held for stale evidence
         self._quiet: set[tuple[str, int]] = set()  # (policy, rung) held while recovering
+        self._edited: set[tuple[str, int]] = set()  # (policy, rung) another step holds now
+        self._pending: set[tuple[str, int]] = set()  # (policy, rung) whose outcome is unknown
         # between episodes, persisted (Descent): a restart keeps a relapse back-off
         self._saved = ledger.descents()
         self._undo_due = {n: d.undo_due_ns for n, d in self._saved.items() if d.undo_due_ns}
@@ -112,6 +114,7 @@ class Ladder:
                 by_policy[incident.policy].append(incident)
         # an error ends with the incidents it was about (a new dict: the API reads this one)
         self.errors = {n: e for n, e in self.errors.items() if n in by_policy}
+        self._reconcile(firing, now_ns)
         in_force: dict[str, list[RungState]] = defaultdict(list)
         for row in self.ledger.rungs():
             in_force[row.policy].append(row)
@@ -176,6 +179,7 @@ class Ladder:
             # the next episode logs its holds again
             self._held = {held for held in self._held if held[0] != name}
             self._quiet = {held for held in self._quiet if held[0] != name}
+            self._edited = {held for held in self._edited if held[0] != name}
             self._descend(name, policy, rows, now_ns)
 
     def _unevaluated(self, name: str) -> bool:
@@ -219,16 +223,21 @@ class Ladder:
         crossing = [i for i in firing if i.quiet_since_ns is None]
         self._undo_due.pop(policy.name, None)
         fresh = self._fresh(firing, now_ns, policy)
+        # A policy edited mid-episode may hold another step at a rung now: the lever in force
+        # there keeps its own record (and is undone from it); it is not retried or repeated
+        # as the new step, which would overwrite that record and lose its originals.
+        same = {row.rung for row in rows if self._same_step(policy, rungs, row)}
+        same -= {rung for name, rung in self._pending if name == policy.name}
         for row in rows:  # failed rungs whose backoff is over
             if row.status == FAILED and row.retry_ns and now_ns >= row.retry_ns and (
-                    row.rung < len(rungs)) and (
+                    row.rung in same) and (
                     fresh or rungs[row.rung].spec.step in SAFE_WHEN_STALE):
                 # a retry is an application: stale evidence holds it past cordon; the next
                 # rung's `after` still runs from the first attempt
                 self._apply(policy, rungs[row.rung], driver, now_ns, row.attempts + 1,
                             "retry after a failure", first_ns=row.applied_ns)
         for row in rows:  # shadow-mode rungs whose step has since been switched to act
-            if row.status == PROPOSED and row.rung < len(rungs) and not (
+            if row.status == PROPOSED and row.rung in same and not (
                     self.dry_run or rungs[row.rung].spec.dry_run) and (
                     fresh or rungs[row.rung].spec.step in SAFE_WHEN_STALE):
                 self._apply(policy, rungs[row.rung], driver, now_ns, 1,
@@ -236,7 +245,7 @@ class Ladder:
                             first_ns=row.applied_ns)
         if rows:
             last = rows[-1]
-            repeat = rungs[last.rung].spec.repeat if last.rung < len(rungs) else None
+            repeat = rungs[last.rung].spec.repeat if last.rung in same else None
             latest = max(last.applied_ns, last.last_ns)
             if repeat and last.status != FAILED and fresh and crossing and (
                     now_ns >= latest + int(repeat * 1e9)):
@@ -244,6 +253,17 @@ class Ladder:
                              f"interference persists {repeat:g}s after the last "
                              f"{last.kind}: repeating it")
         self._climb_rungs(policy, rungs, rows, firing, crossing, fresh, now_ns)
+
+    def _same_step(self, policy: Policy, rungs: list[Rung], row: RungState) -> bool:
+        if row.rung < len(rungs) and rungs[row.rung].spec.step == row.kind:
+            return True
+        if (policy.name, row.rung) not in self._edited:  # said once per episode
+            self._edited.add((policy.name, row.rung))
+            now = rungs[row.rung].spec.step if row.rung < len(rungs) else "no step"
+            log.warning("policy %s: rung %d is %s now, but %s is in force there since the "
+                        "policy was edited: it stays until the episode ends, then is undone "
+                        "from its own record", policy.name, row.rung + 1, now, row.kind)
+        return False
 
     def _climb_rungs(self, policy: Policy, rungs: list[Rung], rows: list[RungState],
                      firing: list[Incident], crossing: list[Incident], fresh: bool,
@@ -335,23 +355,25 @@ class Ladder:
     # -- applying and undoing ------------------------------------------------------------------
 
     def _context(self, incident_id: str, dry_run: bool, now_ns: int, reason: str,
-                 resource: str = "") -> StepContext:
-        return StepContext(self.node, now_ns, dry_run, incident_id, reason, self.inventory,
-                           resource)
+                 resource: str = "", intend: Callable[[dict[str, Any]], None] | None = None
+                 ) -> StepContext:
+        ctx = StepContext(self.node, now_ns, dry_run, incident_id, reason, self.inventory,
+                          resource)
+        if intend is not None:
+            ctx.intend = intend
+        return ctx
 
     def _apply(self, policy: Policy, rung: Rung, incident: Incident, now_ns: int,
                attempts: int, reason: str, first_ns: int | None = None) -> StepResult:
         spec = rung.spec
         dry_run = self.dry_run or spec.dry_run
-        result = self._attempt(rung, incident, dry_run, now_ns, reason)
+        result, keep = self._attempt(policy.name, rung, incident, dry_run, now_ns, reason)
         retry_ns = now_ns + backoff_ns(attempts) if result.status == FAILED and result.retry \
             else 0
-        self.ledger.put(RungState(
-            policy.name, rung.index, spec.step, result.status, incident.id, dry_run,
-            result.undo, first_ns or now_ns, attempts, retry_ns, spec.record(),
-            result.target, now_ns))
-        self._record(incident, policy.name, rung.index, spec.step, "apply", dry_run, result,
-                     reason, now_ns)
+        row = RungState(policy.name, rung.index, spec.step, result.status, incident.id, dry_run,
+                        result.undo, first_ns or now_ns, attempts, retry_ns, spec.record(),
+                        result.target, now_ns)
+        self._settle(row, incident, "apply", result, reason, now_ns, put=row, keep_intent=keep)
         if result.status == FAILED:
             log.error("policy %s: %s failed: %s%s", policy.name, spec.step, result.detail,
                       " (will retry)" if retry_ns else "")
@@ -365,24 +387,88 @@ class Ladder:
         the record: what the rung put in force is still there, and must still be undone."""
         spec = rung.spec
         dry_run = self.dry_run or spec.dry_run
-        result = self._attempt(rung, incident, dry_run, now_ns, reason)
+        result, keep = self._attempt(policy.name, rung, incident, dry_run, now_ns, reason)
         strength = {DONE: 2, PROPOSED: 1}
         if strength.get(result.status, 0) >= max(strength.get(row.status, 0), 1):
             row.status, row.undo, row.target = result.status, result.undo, result.target
             row.incident, row.dry_run, row.spec = incident.id, dry_run, spec.record()
         row.last_ns = now_ns
-        self.ledger.put(row)
-        self._record(incident, policy.name, rung.index, spec.step, "apply", dry_run, result,
-                     reason, now_ns)
+        self._settle(row, incident, "apply", result, reason, now_ns, put=row, keep_intent=keep,
+                     dry_run=dry_run)
         if result.status == FAILED:
             log.error("policy %s: repeating %s failed: %s", policy.name, spec.step,
                       result.detail)
 
-    def _attempt(self, rung: Rung, incident: Incident, dry_run: bool, now_ns: int,
-                 reason: str) -> StepResult:
+    def _attempt(self, policy: str, rung: Rung, incident: Incident, dry_run: bool, now_ns: int,
+                 reason: str) -> tuple[StepResult, bool]:
+        """Run the step with write-ahead: each change it announces (`ctx.intend`) is in the
+        ledger before it is made. A step that fails part-way, or whose intent could not be
+        written, has what it changed undone here from that record: a ledger that cannot be
+        written means the lever is not applied. True beside the result: the intent stays for
+        `_reconcile` (a step that can tell later whether its change happened)."""
+        spec = rung.spec
+        announced: list[dict[str, Any]] = []
+
+        def intend(undo: dict[str, Any]) -> None:
+            self.ledger.intend(Intent(policy, rung.index, spec.step, incident.id, spec.record(),
+                                      undo, now_ns))
+            announced[:] = [undo]
+
         ctx = self._context(incident.id, dry_run, now_ns, reason,
-                            incident.labels.get("resource", ""))
-        return self._run(rung.spec, lambda step: step.apply(ctx))
+                            incident.labels.get("resource", ""), intend)
+        result = self._run(spec, lambda step: step.apply(ctx))
+        if result.status == FAILED and announced:
+            step = self._step_or_none(spec)
+            if step is not None and hasattr(step, "recover"):
+                return result, True  # `_reconcile` finds out whether it happened
+            undone = self._run(spec, lambda step: step.undo(
+                self._context(incident.id, False, now_ns, "the step failed part-way"),
+                announced[0]))
+            result.detail += f"; what it had changed: {undone.status}: {undone.detail}"
+            return result, undone.status == FAILED
+        # an attempt that announced nothing has no intent to end (one still pending from an
+        # earlier attempt is `_reconcile`'s)
+        return result, not announced
+
+    def _settle(self, row: RungState, incident: Incident | None, action: str,
+                result: StepResult, reason: str, now_ns: int, put: RungState | None = None,
+                remove: bool = False, keep_intent: bool = False,
+                dry_run: bool | None = None) -> None:
+        """The rung's record, its audit entry and the end of its intent, in one transaction.
+        When the ledger cannot take it, a change just made is undone again (nothing may stay
+        in force that the ledger does not know of) and the error goes up."""
+        if dry_run is None:
+            dry_run = row.dry_run or (action == "undo" and row.status == PROPOSED)
+        entry = AuditEntry(now_ns, self.node, row.incident, row.policy, row.rung, row.kind,
+                           action, dry_run, result.status, result.target, result.detail, reason)
+        try:
+            self.ledger.settle(put=put, remove=(row.policy, row.rung) if remove else None,
+                               audit=entry,
+                               intent_done=None if keep_intent else (row.policy, row.rung))
+        except Exception:
+            if action == "apply" and result.status == DONE and not row.dry_run:
+                spec = StepSpec.model_validate(row.spec or {"step": row.kind})
+                undone = self._run(spec, lambda step: step.undo(
+                    self._context(row.incident, False, now_ns,
+                                  "the ledger could not record it"), result.undo))
+                log.error("policy %s: %s could not be recorded in the ledger; undone: %s: %s",
+                          row.policy, row.kind, undone.status, undone.detail)
+                if undone.status != FAILED:
+                    self._drop_intent(row.policy, row.rung)
+            raise
+        self._note(incident, row.kind, action, entry.dry_run, result, now_ns)
+
+    def _drop_intent(self, policy: str, rung: int) -> None:
+        try:
+            self.ledger.drop_intent(policy, rung)
+        except Exception as exc:  # left for `_reconcile`, which finds nothing to undo
+            log.error("policy %s: rung %d: cannot clear its intent: %s", policy, rung + 1, exc)
+
+    def _step_or_none(self, spec: StepSpec) -> Any:
+        try:
+            return self.make_step(spec)
+        except Exception:
+            return None
 
     def _undo(self, row: RungState, now_ns: int, reason: str) -> bool:
         """Undo one rung in force; False when it failed and stays for a retry."""
@@ -403,15 +489,83 @@ class Ladder:
                                 reason)
             recorded = {k: v for k, v in row.undo.items() if k != "_undo_attempts"}
             result = self._run(spec, lambda step: step.undo(ctx, recorded))
+        incident = self.load_incident(row.incident)
         if result.status == FAILED:
             row.undo["_undo_attempts"] = row.undo.get("_undo_attempts", 0) + 1
-            self.ledger.put(row)
+            self._settle(row, incident, "undo", result, reason, now_ns, put=row)
         else:
-            self.ledger.remove(row.policy, row.rung)
-        incident = self.load_incident(row.incident)
-        self._record(incident, row.policy, row.rung, row.kind, "undo",
-                     row.dry_run or row.status == PROPOSED, result, reason, now_ns)
+            self._settle(row, incident, "undo", result, reason, now_ns, remove=True)
         return result.status != FAILED
+
+    # -- after a crash ----------------------------------------------------------------------
+
+    def _reconcile(self, firing: list[Incident], now_ns: int) -> None:
+        """Intents left over: steps the agent died in (or could not record the outcome of).
+        A step that can say whether its change happened (`recover`: evict) is asked, and what
+        happened is recorded (an eviction counts against the budget); any other is adopted
+        with the originals its intent recorded, as a rung in force, and applied again while
+        its policy still fires (apply is idempotent: the lever is then really in force) or
+        undone in the descent when it does not. Nothing changed in the crash is left behind
+        unknown, and nothing is done twice."""
+        intents = self.ledger.intents()
+        self._pending = set()
+        if not intents:
+            return
+        rows = {(r.policy, r.rung): r for r in self.ledger.rungs()}
+        for intent in intents:
+            try:
+                self._reconcile_one(intent, rows.get((intent.policy, intent.rung)), firing,
+                                    now_ns)
+            except Exception as exc:
+                self.errors[intent.policy] = (f"policy {intent.policy!r}: reconciling "
+                                              f"{intent.kind} after a crash: "
+                                              f"{exc.__class__.__name__}: {exc}")[:500]
+                log.exception("policy %s: reconciling an interrupted %s failed", intent.policy,
+                              intent.kind)
+
+    def _reconcile_one(self, intent: Intent, row: RungState | None, firing: list[Incident],
+                       now_ns: int) -> None:
+        spec = StepSpec.model_validate(intent.spec or {"step": intent.kind})
+        step = self._step_or_none(spec)
+        incident = self.load_incident(intent.incident)
+        reason = "the agent stopped while this step was being applied"
+        if step is not None and hasattr(step, "recover"):
+            ctx = self._context(intent.incident, False, now_ns, reason)
+            result = self._run(spec, lambda s: s.recover(ctx, intent.undo))
+            if result.status == FAILED:
+                self.errors[intent.policy] = f"policy {intent.policy!r}: {result.detail}"[:500]
+                # asked again on the next tick; meanwhile its budget stays spent, and its rung
+                # is neither retried nor repeated (that could evict a second pod)
+                self._pending.add((intent.policy, intent.rung))
+                return
+            if result.status != DONE:
+                entry = AuditEntry(now_ns, self.node, intent.incident, intent.policy,
+                                   intent.rung, intent.kind, "apply", False, SKIPPED,
+                                   result.target, result.detail, reason)
+                self.ledger.settle(audit=entry, intent_done=(intent.policy, intent.rung))
+                self._note(incident, intent.kind, "apply", False, result, now_ns)
+                return
+            undo = result.undo
+        else:
+            undo = _merged(row.undo if row is not None and row.status == DONE else None,
+                           intent.undo)
+            result = StepResult(DONE, f"node/{self.node}",
+                                "adopted from its intent after the agent stopped mid-apply "
+                                "(the values from before are on record)", undo)
+        adopted = RungState(intent.policy, intent.rung, intent.kind, DONE, intent.incident,
+                            False, undo, row.applied_ns if row is not None else intent.started_ns,
+                            row.attempts if row is not None else 1, 0, intent.spec,
+                            result.target, now_ns)
+        self._settle(adopted, incident, "apply", result, reason, now_ns, put=adopted)
+        log.warning("policy %s: rung %d (%s): %s", intent.policy, intent.rung + 1, intent.kind,
+                    result.detail)
+        policy = self.policies.get(intent.policy)
+        under = [i for i in firing if i.policy == intent.policy]
+        if step is not None and not hasattr(step, "recover") and policy is not None and under:
+            rungs = policy.rungs(self.ledger.episode(policy.name))
+            if intent.rung < len(rungs) and rungs[intent.rung].spec.step == intent.kind:
+                self._repeat(policy, rungs[intent.rung], adopted, self._driver(under), now_ns,
+                             "applied again after the agent stopped mid-apply")
 
     def _run(self, spec: StepSpec, action: Callable[[Any], StepResult]) -> StepResult:
         target = f"node/{self.node}"
@@ -427,13 +581,10 @@ class Ladder:
         except Exception as exc:  # a step that raises is a failed step, retried
             return StepResult(FAILED, target, f"{exc.__class__.__name__}: {exc}", retry=True)
 
-    def _record(self, incident: Incident | None, policy: str, rung: int, kind: str,
-                action: str, dry_run: bool, result: StepResult, reason: str,
-                now_ns: int) -> None:
-        incident_id = incident.id if incident is not None else ""
-        self.ledger.audit(AuditEntry(now_ns, self.node, incident_id, policy, rung, kind, action,
-                                     dry_run, result.status, result.target, result.detail,
-                                     reason))
+    def _note(self, incident: Incident | None, kind: str, action: str, dry_run: bool,
+              result: StepResult, now_ns: int) -> None:
+        """The action on its incident, where the UI and Slack show it (the audit entry is
+        already in the ledger)."""
         if incident is None:
             return
         status = result.status
@@ -485,3 +636,18 @@ class Ladder:
 
         ranked = sorted((k for k in stats if stats[k][1] > 0), key=rate, reverse=True)
         return ranked
+
+
+def _merged(recorded: dict[str, Any] | None, intent: dict[str, Any]) -> dict[str, Any]:
+    """A rung in force (`recorded`) that a repeat was extending when the agent died: its writes
+    and the intent's, one per file, the rung's own first (its original is the one from before
+    sloguard); other undo data is the intent's, which the step built from the state in force."""
+    if not recorded:
+        return dict(intent)
+    merged = {**recorded, **intent}
+    if "writes" in recorded or "writes" in intent:
+        writes = list(recorded.get("writes", []))
+        files = {w.get("file") for w in writes}
+        writes += [w for w in intent.get("writes", []) if w.get("file") not in files]
+        merged["writes"] = writes
+    return merged

@@ -4,6 +4,12 @@ Kept in SQLite next to the incidents so that a restarted agent knows what it did
 cordons or evicts twice after a crash nor forgets to undo a lever it applied before it died.
 Each rung in force carries the data its step needs to undo it (the previous cpu.idle value,
 whether the node was already cordoned by a human).
+
+Write-ahead: before a step changes anything it records an *intent* (what it is about to change
+and the values from before), durably; the rung's record, its audit entry and the removal of
+the intent are then written in one transaction. An intent left over is a step the agent died
+in (or could not record): the ladder reconciles it before anything else (actuators/ladder.py,
+`_reconcile`). Every write here passes a failpoint (sloguard/failpoints.py) for the crash sweep.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sloguard import failpoints
 from sloguard.store.sqlite import add_column, open_db
 
 _SCHEMA = """
@@ -66,6 +73,16 @@ CREATE TABLE IF NOT EXISTS audit (
     detail TEXT NOT NULL,
     reason TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS intents (
+    policy TEXT NOT NULL,
+    rung INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    incident TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    undo TEXT NOT NULL,
+    started_ns INTEGER NOT NULL,
+    PRIMARY KEY (policy, rung)
+);
 CREATE INDEX IF NOT EXISTS audit_by_time ON audit (time_ns);
 CREATE INDEX IF NOT EXISTS audit_by_kind ON audit (kind, status, time_ns);
 """
@@ -99,6 +116,21 @@ class Descent:
     came_down_ns: int | None = None  # when its incidents last stopped firing
     relapses: int = 0  # relapses in a row
     undo_due_ns: int = 0  # nothing is lifted before this
+
+
+@dataclass
+class Intent:
+    """A change a step is about to make (or was making when the agent died): enough to undo it
+    (`undo`, in the step's own undo format, with the values from before) or to find out whether
+    it happened."""
+
+    policy: str
+    rung: int
+    kind: str
+    incident: str
+    spec: dict[str, Any]
+    undo: dict[str, Any]
+    started_ns: int
 
 
 @dataclass
@@ -150,19 +182,75 @@ class Ledger:
                           r[9], json.loads(r[10]), r[11], r[12]) for r in rows]
 
     def put(self, state: RungState) -> None:
-        with self._lock:
-            self._conn.execute(
-                f"INSERT OR REPLACE INTO rungs ({_RUNG_COLUMNS}) VALUES "
-                "(?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (state.policy, state.rung, state.kind, state.status, state.incident,
-                 int(state.dry_run), json.dumps(state.undo, default=_plain), state.applied_ns,
-                 state.attempts, state.retry_ns, json.dumps(state.spec or {}, default=_plain),
-                 state.target,
-                 state.last_ns or state.applied_ns))
+        self.settle(put=state)
 
     def remove(self, policy: str, rung: int) -> None:
+        self.settle(remove=(policy, rung))
+
+    def settle(self, put: RungState | None = None, remove: tuple[str, int] | None = None,
+               audit: AuditEntry | None = None, intent_done: tuple[str, int] | None = None
+               ) -> None:
+        """The outcome of one step, all or nothing: the rung's record (or its removal), its
+        audit entry, and the end of its intent. A crash between a rung's record and its audit
+        entry would lose an eviction from the budget; between the record and the intent's end,
+        reconcile a lever twice."""
+        statements: list[tuple[str, tuple[Any, ...]]] = []
+        if put is not None:
+            statements.append((
+                f"INSERT OR REPLACE INTO rungs ({_RUNG_COLUMNS}) VALUES "
+                "(?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (put.policy, put.rung, put.kind, put.status, put.incident,
+                 int(put.dry_run), json.dumps(put.undo, default=_plain), put.applied_ns,
+                 put.attempts, put.retry_ns, json.dumps(put.spec or {}, default=_plain),
+                 put.target, put.last_ns or put.applied_ns)))
+        if remove is not None:
+            statements.append(("DELETE FROM rungs WHERE policy = ? AND rung = ?", remove))
+        if audit is not None:
+            statements.append(_audit_insert(audit))
+        if intent_done is not None:
+            statements.append(("DELETE FROM intents WHERE policy = ? AND rung = ?", intent_done))
+        self._write("settle", statements)
+
+    def _write(self, what: str, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """One transaction, between failpoints; on any error nothing of it is kept."""
+        if not statements:
+            return
+        failpoints.hit(f"ledger.{what}:before")
         with self._lock:
-            self._conn.execute("DELETE FROM rungs WHERE policy = ? AND rung = ?", (policy, rung))
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, args in statements:
+                    self._conn.execute(sql, args)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+        failpoints.hit(f"ledger.{what}:after")
+
+    # -- intents (write-ahead) ---------------------------------------------------------------
+
+    def intend(self, intent: Intent) -> None:
+        """Durable before the change it announces; raises when it cannot be written, and then
+        the step must not make the change."""
+        self._write("intend", [(
+            "INSERT OR REPLACE INTO intents (policy, rung, kind, incident, spec, undo, "
+            "started_ns) VALUES (?,?,?,?,?,?,?)",
+            (intent.policy, intent.rung, intent.kind, intent.incident,
+             json.dumps(intent.spec, default=_plain), json.dumps(intent.undo, default=_plain),
+             intent.started_ns))])
+
+    def intents(self) -> list[Intent]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT policy, rung, kind, incident, spec, undo, started_ns FROM intents "
+                "ORDER BY started_ns, policy, rung").fetchall()
+        return [Intent(r[0], r[1], r[2], r[3], json.loads(r[4]), json.loads(r[5]), r[6])
+                for r in rows]
+
+    def drop_intent(self, policy: str, rung: int) -> None:
+        self._write("drop_intent", [("DELETE FROM intents WHERE policy = ? AND rung = ?",
+                                     (policy, rung))])
 
 
     # -- episodes and learning ---------------------------------------------------------------
@@ -174,13 +262,11 @@ class Ledger:
         return None if row is None else json.loads(row[0])
 
     def start_episode(self, policy: str, lever_order: list[str], now_ns: int) -> None:
-        with self._lock:
-            self._conn.execute("INSERT OR REPLACE INTO episodes VALUES (?,?,?)",
-                               (policy, json.dumps(lever_order), now_ns))
+        self._write("start_episode", [("INSERT OR REPLACE INTO episodes VALUES (?,?,?)",
+                                       (policy, json.dumps(lever_order), now_ns))])
 
     def end_episode(self, policy: str) -> None:
-        with self._lock:
-            self._conn.execute("DELETE FROM episodes WHERE policy = ?", (policy,))
+        self._write("end_episode", [("DELETE FROM episodes WHERE policy = ?", (policy,))])
 
     def descents(self) -> dict[str, Descent]:
         with self._lock:
@@ -192,20 +278,18 @@ class Ledger:
     def put_descent(self, policy: str, descent: Descent) -> None:
         """A policy with nothing to remember has no row, so the table holds only policies
         between episodes and does not grow with every policy ever loaded."""
-        with self._lock:
-            if descent == Descent():
-                self._conn.execute("DELETE FROM descents WHERE policy = ?", (policy,))
-                return
-            self._conn.execute("INSERT OR REPLACE INTO descents VALUES (?,?,?,?,?)",
-                               (policy, int(descent.firing), descent.came_down_ns,
-                                descent.relapses, descent.undo_due_ns))
+        if descent == Descent():
+            self._write("put_descent", [("DELETE FROM descents WHERE policy = ?", (policy,))])
+            return
+        self._write("put_descent", [("INSERT OR REPLACE INTO descents VALUES (?,?,?,?,?)",
+                                     (policy, int(descent.firing), descent.came_down_ns,
+                                      descent.relapses, descent.undo_due_ns))])
 
     def lever_record(self, kind: str, worked: bool) -> None:
-        with self._lock:
-            self._conn.execute(
-                "INSERT INTO levers (kind, tried, worked) VALUES (?, 1, ?) ON CONFLICT(kind) DO "
-                "UPDATE SET tried = tried + 1, worked = worked + excluded.worked",
-                (kind, int(worked)))
+        self._write("lever_record", [(
+            "INSERT INTO levers (kind, tried, worked) VALUES (?, 1, ?) ON CONFLICT(kind) DO "
+            "UPDATE SET tried = tried + 1, worked = worked + excluded.worked",
+            (kind, int(worked)))])
 
     def lever_stats(self) -> dict[str, tuple[int, int]]:
         """kind -> (tried, worked) on this node."""
@@ -216,13 +300,7 @@ class Ledger:
     # -- audit -------------------------------------------------------------------------------
 
     def audit(self, entry: AuditEntry) -> None:
-        with self._lock:
-            self._conn.execute(
-                "INSERT INTO audit (time_ns, node, incident, policy, rung, kind, action, "
-                "dry_run, status, target, detail, reason) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                (entry.time_ns, entry.node, entry.incident, entry.policy, entry.rung, entry.kind,
-                 entry.action, int(entry.dry_run), entry.status, entry.target, entry.detail,
-                 entry.reason))
+        self._write("audit", [_audit_insert(entry)])
 
     def audit_after(self, after_id: int, limit: int = 100) -> list[AuditEntry]:
         """Entries recorded after id `after_id`, oldest first (what a forwarder sends)."""
@@ -283,3 +361,11 @@ class Ledger:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def _audit_insert(entry: AuditEntry) -> tuple[str, tuple[Any, ...]]:
+    return ("INSERT INTO audit (time_ns, node, incident, policy, rung, kind, action, dry_run, "
+            "status, target, detail, reason) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (entry.time_ns, entry.node, entry.incident, entry.policy, entry.rung, entry.kind,
+             entry.action, int(entry.dry_run), entry.status, entry.target, entry.detail,
+             entry.reason))

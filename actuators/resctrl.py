@@ -34,6 +34,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar
 
+from sloguard import failpoints
 from sloguard.actuators.cgroupfs import (
     Cgroups,
     Changes,
@@ -270,17 +271,19 @@ class Resctrl:
     # -- kernel operations (a format test replays what the kernel does on these) -------------
 
     def _mkdir(self, path: Path) -> None:
-        path.mkdir()
+        failpoints.around("resctrl.mkdir", path.mkdir)
 
     def _rmdir(self, path: Path) -> None:
-        path.rmdir()
+        failpoints.around("resctrl.rmdir", path.rmdir)
 
     def _write(self, path: Path, text: str) -> None:
+        failpoints.hit("resctrl.write:before")
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         try:
             os.write(fd, text.encode())
         finally:
             os.close(fd)
+        failpoints.hit("resctrl.write:after")
 
     def _status(self) -> str:
         return read_value(self.root / "info" / "last_cmd_status") or ""
@@ -322,6 +325,12 @@ class Resctrl:
         created = earlier["created"] if earlier else not exists
         old_schemata = earlier.get("old", {}) if earlier else (
             {name: current.get(name, {}) for name in wanted} if exists else {})
+        planned = list((earlier or {}).get("moved", []))
+        planned += [{"tid": t, "from": membership.get(t, "")} for t in to_move
+                    if t not in {m["tid"] for m in planned}]
+        # write-ahead: undo removes (or restores) the group and moves these threads back
+        ctx.intend({"group": str(self.path), "created": created, "wrote": wanted,
+                    "old": old_schemata, "moved": planned})
         if not exists:
             try:
                 self._mkdir(self.path)

@@ -11,6 +11,15 @@ ladder (actuators/ladder.py) decides when a step runs, this contract says what a
   ladder can persist it and undo the step after a restart.
 - `undo(ctx, undo)` restores what `apply` changed and nothing else: a human's cordon is never
   lifted, a value someone changed since is left alone.
+- Write-ahead: right before each change to the node (a cgroup file, a resctrl group, a node or
+  an eviction through the API), `ctx.intend(undo)` with the undo data as it will stand once the
+  change is made (the values from before included). It raises when the intent cannot be
+  recorded, and then the change must not be made: a change the agent dies in is then undone
+  (or adopted) on restart from that record, instead of staying in force for good.
+- `recover(ctx, undo)`, optional: for a step whose apply cannot simply be repeated (evict: a
+  second apply evicts a second pod), whether the change an intent announced happened; DONE
+  (with the undo data) or SKIPPED. Steps without it are adopted from the intent and applied
+  again, which their idempotence makes safe.
 - With `ctx.dry_run`, a step touches nothing and describes what it would do (status
   "proposed"): shadow mode, so operators can read what the guardrail would have done.
 - A step acts only on best-effort workloads: `ctx.be_workloads()` is the only way a step learns
@@ -46,6 +55,9 @@ class StepContext:
     inventory: Callable[[], list[dict[str, str]]] = lambda: []
     # the contended resource of the incident (cpu, memory, io, cache), when the rule says
     resource: str = ""
+    # write-ahead: record what is about to change (see the module's docstring); the ladder's
+    # raises when the ledger cannot be written
+    intend: Callable[[dict[str, Any]], None] = lambda undo: None
 
     def be_workloads(self) -> list[dict[str, str]]:
         """The best-effort workloads on this node: the only targets a step may touch."""

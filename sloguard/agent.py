@@ -17,6 +17,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from sloguard import failpoints
 from sloguard.actuators.env import ActuatorEnv
 from sloguard.actuators.kinds import StepFactory
 from sloguard.actuators.ladder import Ladder
@@ -143,8 +144,8 @@ class Agent:
             clients: list[Any] = []
 
             def kube() -> Any:  # built on first use, then shared by every step
-                if not clients:
-                    clients.append(load_api_client(kubeconfig))
+                if not clients:  # its changing calls pass failpoints (crash sweep)
+                    clients.append(failpoints.watch_api_client(load_api_client(kubeconfig)))
                 return clients[0]
         else:
             kube_error = "Kubernetes is not configured (kubernetes.enabled: false)"

@@ -768,3 +768,65 @@ def test_rbac_is_exactly_what_the_agent_uses(request, kube_agent: KubeAgent):
 
 def _test_names() -> list[str]:
     return [name for name in globals() if name.startswith("test_")]
+
+
+# -- evictions whose reply is lost (issue #19) --------------------------------------------------
+
+def _losing_replies(world: World, lose: Callable[[str, str], bool]) -> None:
+    """The agent's client, with the reply of each request `lose(method, url)` picks thrown
+    away after the real apiserver has handled it: what a timeout after the server accepted
+    looks like from the agent's side."""
+    import urllib3
+
+    api = world.agent.api_client()
+    request = api.rest_client.request
+
+    def lossy(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if lose(method, url):
+            request(method, url, *args, **kwargs)
+            raise urllib3.exceptions.ReadTimeoutError(None, url, "Read timed out (test)")
+        return request(method, url, *args, **kwargs)
+
+    api.rest_client.request = lossy
+    world.env.kube = lambda: api
+
+
+def test_an_eviction_whose_reply_was_lost_counts_against_the_budget(world: World, tmp_path):
+    for i in range(3):
+        world.pod(f"be-{i}", up_s=60 * (i + 1))
+    _losing_replies(world, lambda method, url: method == "POST" and url.endswith("/eviction"))
+    ladder = _Ladder(world, tmp_path, {"per_hour": 10, "per_incident": 1})
+    incident = ladder.incident("inc-a", 0)
+    for second in (0, 10, 60, 120):  # a retry would be due at 5 s, the repeat at 60 s
+        ladder.tick(second, incident)
+    assert world.evicted() == {"be-0"}  # today's main evicted be-1 on the retry
+    audit = [(e.status, e.detail) for e in reversed(world.env.ledger.audit_log(kind="evict"))]
+    assert audit[0][0] == DONE and "the reply was lost" in audit[0][1], audit[0]
+    assert [status for status, _ in audit[1:]] == [SKIPPED, SKIPPED]
+    assert "per_incident 1" in audit[1][1]
+
+
+def test_an_eviction_whose_outcome_is_unknown_is_looked_up_before_anything_else(
+        world: World, tmp_path):
+    for i in range(3):
+        world.pod(f"be-{i}", up_s=60 * (i + 1))
+    down = [True]  # the apiserver's replies are lost, lookups included, until it is back
+    _losing_replies(world, lambda method, url: down[0] and (
+        f"/namespaces/{world.namespace}/pods" in url))
+    ladder = _Ladder(world, tmp_path, {"per_hour": 10, "per_incident": 1})
+    incident = ladder.incident("inc-a", 0)
+    ladder.tick(0, incident)
+    [row] = world.env.ledger.rungs()
+    assert row.status == FAILED  # not known whether it happened
+    [intent] = world.env.ledger.intents()
+    assert intent.undo["evicting"] == f"{world.namespace}/be-0"
+    down[0] = False
+    ladder.tick(10, incident)  # the retry is due: the lookup comes first, and it did happen
+    assert world.evicted() == {"be-0"}
+    assert world.env.ledger.intents() == []
+    [row] = world.env.ledger.rungs()
+    assert row.status == DONE and row.undo["evicted"] == f"{world.namespace}/be-0"
+    ladder.tick(75, incident)  # the repeat (60 s after the eviction was found): budget spent
+    assert world.evicted() == {"be-0"}
+    statuses = [e.status for e in reversed(world.env.ledger.audit_log(kind="evict"))]
+    assert statuses == [FAILED, DONE, SKIPPED]

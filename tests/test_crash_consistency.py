@@ -1,0 +1,211 @@
+"""Crash consistency of the levers, on the real agent process (issue #19).
+
+The sweep (tests/support/fault_sweep.py) kills `sloguard run` with SIGKILL at every write point
+of a whole episode, one run per point: each cgroup write, each ledger write, each Kubernetes
+API call that changes something, before and after. After a restart and the end of the episode
+every cgroup file and node field must be back to its original value, no eviction or cordon may
+have happened twice, and the ledger's audit must say what happened.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import pytest
+from support.fault_sweep import Sweep
+
+
+def _sweep(kube, kube_agent, real_cgroups, sloguard_bin, tmp_path) -> Sweep:
+    return Sweep(sloguard_bin, kube.api_client(), kube_agent.kubeconfig(), kube_agent.audit,
+                 real_cgroups, tmp_path)
+
+
+def test_an_episode_without_faults_passes_every_kind_of_write_point(
+        kube, kube_agent, real_cgroups, sloguard_bin, tmp_path):
+    run = _sweep(kube, kube_agent, real_cgroups, sloguard_bin, tmp_path).run()
+    assert run.violations == []
+    kinds = {name.split(":")[0].split(" ")[0] for name in run.points}
+    # the sweep below is only as good as the points an episode passes
+    assert {"cgroup.write", "ledger.intend", "ledger.settle", "kube.PATCH",
+            "kube.POST"} <= kinds, kinds
+
+
+def test_killed_at_every_write_point_the_node_ends_as_it_began(
+        kube, kube_agent, real_cgroups, sloguard_bin, tmp_path):
+    sweep = _sweep(kube, kube_agent, real_cgroups, sloguard_bin, tmp_path)
+    baseline = sweep.run()
+    assert baseline.violations == [] and baseline.points
+    failures, killed_at = [], collections.Counter()
+    for kill in range(1, len(baseline.points) + 1):
+        run = sweep.run(kill=kill)
+        if run.killed:
+            killed_at[run.point.split(":")[0]] += 1
+        failures += [f"killed at #{kill} {run.point}: {v}" for v in run.violations]
+    print(f"\ncrash sweep: {len(baseline.points)} write points, {sum(killed_at.values())} "
+          f"kills, {len(failures)} invariant violations; kills by point: {dict(killed_at)}")
+    assert failures == []
+    assert sum(killed_at.values()) >= len(baseline.points) * 0.9  # the kills really happened
+
+
+# -- in-process: the real ladder, real cgroups, a real ledger that stops taking writes ------
+
+POLICY = """\
+policies:
+  - name: guard
+    undo_hold: 1s
+    steps:
+      - step: suppress
+        levers:
+          - step: {lever}
+            repeat: 5s
+"""
+S = 1_000_000_000
+
+
+class _World:
+    """One BE and one LS cgroup, the real ladder on a real ledger, on a clock the test moves."""
+
+    def __init__(self, real_cgroups, tmp_path, lever: str = "cpu_idle") -> None:
+        from sloguard.actuators.env import ActuatorEnv
+        from sloguard.actuators.kinds import StepFactory
+        from sloguard.actuators.ladder import Ladder
+        from sloguard.actuators.ledger import Ledger
+        from sloguard.actuators.policy import PolicySet
+        from sloguard.store.incidents_db import IncidentStore
+
+        self.be = real_cgroups.create("be")
+        ls = real_cgroups.create("ls")
+        self.cpu = next(r for r in real_cgroups.hierarchies() if (r / "cpu.idle").exists())
+        inventory = [{"cgroup": "/" + self.be, "class": "BE", "level": "cgroup"},
+                     {"cgroup": "/" + ls, "class": "LS", "level": "cgroup"}]
+        self.policy_file = tmp_path / "policies" / "guard.yaml"
+        self.policy_file.parent.mkdir()
+        self.policy_file.write_text(POLICY.format(lever=lever))
+        self.ledger = Ledger(tmp_path / "actuators.db")
+        env = ActuatorEnv("node-a", self.ledger)
+        factory = StepFactory(env)
+        self.policies = PolicySet([str(self.policy_file.parent)], validate_step=factory.check)
+        assert self.policies.reload(), self.policies.errors
+        self.store = IncidentStore(tmp_path / "incidents.db")
+        self.make = lambda: Ladder("node-a", self.policies, self.ledger, factory.make,
+                                   self.store.save, self.store.get,
+                                   inventory=lambda: [dict(w) for w in inventory],
+                                   dry_run=False, open_incidents=self.store.open_incidents)
+        self.ladder = self.make()
+        self.t0 = time.time_ns()
+
+    def incident(self):
+        from sloguard.incidents import FIRING, Incident
+
+        incident = Incident("inc-1", "f", "LSLatency", "ls", "critical", "node-a", FIRING, {},
+                            self.t0, self.t0, fired_ns=self.t0, policy="guard")
+        self.store.save(incident)
+        return incident
+
+    def tick(self, second: float, *firing) -> None:
+        from sloguard.incidents import Evidence
+
+        now = self.t0 + int(second * S)
+        for incident in firing:
+            incident.add_evidence(Evidence(now, 30.0, 10.0, "crossed"))
+        if not firing:  # recovered: resolved in the store too, as the engine does
+            for incident in self.store.open_incidents():
+                incident.state = "resolved"
+                self.store.save(incident)
+        self.ladder.tick(now, list(firing))
+
+    def idle(self) -> str:
+        return (self.cpu / self.be / "cpu.idle").read_text().strip()
+
+    def read_only(self) -> None:
+        """The ledger's file stops taking writes, as a full disk or a locked file would."""
+        self.ledger._conn.execute("PRAGMA query_only = ON")
+
+
+def test_a_ledger_that_cannot_take_the_intent_means_the_lever_is_not_applied(
+        real_cgroups, tmp_path):
+    world = _World(real_cgroups, tmp_path)
+    world.read_only()
+    world.tick(0, world.incident())
+    assert world.idle() == "0"  # never written: the original could not be put on record
+    assert "readonly" in world.ladder.errors["guard"]
+
+
+def test_a_lever_whose_outcome_cannot_be_recorded_is_undone_at_once(
+        real_cgroups, tmp_path, monkeypatch):
+    """Today's main wrote the ledger after the cgroup: a failing write there left cpu.idle in
+    force with no record, for good."""
+    from sloguard import failpoints
+
+    world = _World(real_cgroups, tmp_path)
+
+    def after_the_write(name: str) -> None:
+        if name == "cgroup.write:after":
+            world.read_only()
+
+    monkeypatch.setattr(failpoints, "hit", after_the_write)
+    world.tick(0, world.incident())
+    assert world.idle() == "0"
+    assert "readonly" in world.ladder.errors["guard"]
+    # The intent is still there (it could not be cleared either): once the ledger takes writes
+    # again, a restarted agent reconciles it and finds nothing left to undo.
+    world.ledger._conn.execute("PRAGMA query_only = OFF")
+    [intent] = world.ledger.intents()
+    assert intent.kind == "cpu_idle" and intent.undo["writes"][0]["old"] == "0"
+    world.ladder = world.make()
+    world.tick(1)
+    world.tick(3)
+    assert world.ledger.intents() == [] and world.ledger.rungs() == []
+    assert world.idle() == "0"
+
+
+def test_an_intent_left_by_a_crash_is_adopted_and_undone_after_the_restart(
+        real_cgroups, tmp_path, monkeypatch):
+    from sloguard import failpoints
+
+    world = _World(real_cgroups, tmp_path)
+
+    class Died(BaseException):
+        pass
+
+    def die(name: str) -> None:
+        if name == "cgroup.write:after":
+            raise Died  # the process ends here: nothing after the write runs
+
+    monkeypatch.setattr(failpoints, "hit", die)
+    incident = world.incident()
+    with pytest.raises(Died):
+        world.tick(0, incident)
+    assert world.idle() == "1" and world.ledger.rungs() == []  # in force, not yet recorded
+    monkeypatch.undo()
+    world.ladder = world.make()  # the restart
+    world.tick(1, incident)  # still firing: adopted and applied again, not twice
+    [row] = world.ledger.rungs()
+    assert (row.kind, row.status, row.undo["writes"][0]["old"]) == ("cpu_idle", "done", "0")
+    assert world.idle() == "1" and world.ledger.intents() == []
+    world.tick(2)
+    world.tick(4)
+    assert world.idle() == "0" and world.ledger.rungs() == []
+    audit = [(e.action, e.status) for e in reversed(world.ledger.audit_log(kind="cpu_idle"))]
+    assert audit[0] == ("apply", "done") and audit[-1] == ("undo", "done")
+    assert "stopped while this step was being applied" in world.ledger.audit_log(
+        kind="cpu_idle")[-1].reason
+
+
+def test_editing_a_policy_mid_episode_keeps_the_undo_of_the_lever_in_force(
+        real_cgroups, tmp_path):
+    """A `repeat` that finds another step at the rung now must not overwrite the record of
+    the lever in force (today's main lost cpu.idle's original and left it at 1)."""
+    world = _World(real_cgroups, tmp_path)
+    incident = world.incident()
+    world.tick(0, incident)
+    assert world.idle() == "1"
+    world.policy_file.write_text(POLICY.format(lever="cpu_quota"))
+    assert world.policies.reload(), world.policies.errors
+    world.tick(6, incident)  # the repeat is due
+    [row] = world.ledger.rungs()
+    assert row.kind == "cpu_idle" and row.undo["writes"][0]["old"] == "0"
+    world.tick(7)
+    world.tick(9)
+    assert world.idle() == "0" and world.ledger.rungs() == []
