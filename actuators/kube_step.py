@@ -4,7 +4,7 @@ never loads the kubernetes package)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from sloguard.actuators.env import ActuatorEnv
 
@@ -12,6 +12,9 @@ from sloguard.actuators.env import ActuatorEnv
 class KubeStep:
     env: ActuatorEnv
     _core: Any = None
+    # talks to the API server: the agent's ladder runs it on its API worker, never on the
+    # collection/evaluation thread (actuators/ladder.py)
+    remote: ClassVar[bool] = True
 
     def available(self) -> str | None:
         if self.env.kube is None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from sloguard.actuators.ledger import AuditEntry, Descent, Intent, Ledger, RungState
@@ -52,6 +53,7 @@ from sloguard.incidents import FIRING, ActionRecord, Incident
 log = logging.getLogger(__name__)
 
 SAFE_WHEN_STALE = ("notify", "cordon")  # all that stale metrics may ever trigger
+RUNNING = "running"  # a step on the API worker: its rung waits for the outcome
 BACKOFF_S = (5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -73,6 +75,7 @@ class Ladder:
         inventory: Callable[[], list[dict[str, str]]] = lambda: [],
         dry_run: bool = True,
         open_incidents: Callable[[], list[Incident]] = lambda: [],
+        background: bool = False,
     ) -> None:
         self.node = node
         self.policies = policies
@@ -88,6 +91,11 @@ class Ladder:
         self._quiet: set[tuple[str, int]] = set()  # (policy, rung) held while recovering
         self._edited: set[tuple[str, int]] = set()  # (policy, rung) another step holds now
         self._pending: set[tuple[str, int]] = set()  # (policy, rung) whose outcome is unknown
+        # Steps that talk to the API server (`remote`) run on their own worker when
+        # `background`: a slow or hanging apiserver must not stall collection and evaluation
+        # (nor the local levers). Their outcome is settled on this thread, at the next tick.
+        self._worker = ThreadPoolExecutor(1, "ladder-api") if background else None
+        self._jobs: dict[tuple[str, int], tuple[Future, Callable[[Any, int], None]]] = {}
         # between episodes, persisted (Descent): a restart keeps a relapse back-off
         self._saved = ledger.descents()
         self._undo_due = {n: d.undo_due_ns for n, d in self._saved.items() if d.undo_due_ns}
@@ -114,6 +122,7 @@ class Ladder:
                 by_policy[incident.policy].append(incident)
         # an error ends with the incidents it was about (a new dict: the API reads this one)
         self.errors = {n: e for n, e in self.errors.items() if n in by_policy}
+        self._collect(now_ns)
         self._reconcile(firing, now_ns)
         in_force: dict[str, list[RungState]] = defaultdict(list)
         for row in self.ledger.rungs():
@@ -247,7 +256,7 @@ class Ladder:
             last = rows[-1]
             repeat = rungs[last.rung].spec.repeat if last.rung in same else None
             latest = max(last.applied_ns, last.last_ns)
-            if repeat and last.status != FAILED and fresh and crossing and (
+            if repeat and last.status not in (FAILED, RUNNING) and fresh and crossing and (
                     now_ns >= latest + int(repeat * 1e9)):
                 self._repeat(policy, rungs[last.rung], last, self._driver(crossing), now_ns,
                              f"interference persists {repeat:g}s after the last "
@@ -332,7 +341,6 @@ class Ladder:
             return
         if now_ns < self._undo_due.get(name, 0):
             return
-        hold = policy.spec.undo_hold if policy is not None else 30.0
         rows = list(rows)
         while rows and rows[-1].status in (FAILED, SKIPPED):
             # never changed anything: dropped at once, without costing a hold
@@ -342,11 +350,20 @@ class Ladder:
             self.ledger.end_episode(name)
             return
         row = rows[-1]
+        if row.status == RUNNING:
+            return  # its step is still on the API worker: undone once its outcome is in
         done = self._undo(row, now_ns, f"no incident under policy {name} fires any more")
-        if done and all(r.status in (FAILED, SKIPPED) for r in rows[:-1]):
+        if done is None:
+            return  # the undo is on the API worker; the descent goes on from its outcome
+        self._after_undo(name, policy, rows[:-1], row, done, now_ns)
+
+    def _after_undo(self, name: str, policy: Policy | None, below: list[RungState],
+                    row: RungState, done: bool, now_ns: int) -> None:
+        hold = policy.spec.undo_hold if policy is not None else 30.0
+        if done and all(r.status in (FAILED, SKIPPED) for r in below):
             # all the way down (what is left never changed anything): the next episode starts
             # afresh, with the levers that worked here first
-            for left in rows[:-1]:
+            for left in below:
                 self.ledger.remove(left.policy, left.rung)
             self.ledger.end_episode(name)
         self._undo_due[name] = now_ns + (int(hold * 1e9) if done else backoff_ns(
@@ -367,17 +384,31 @@ class Ladder:
                attempts: int, reason: str, first_ns: int | None = None) -> StepResult:
         spec = rung.spec
         dry_run = self.dry_run or spec.dry_run
-        result, keep = self._attempt(policy.name, rung, incident, dry_run, now_ns, reason)
-        retry_ns = now_ns + backoff_ns(attempts) if result.status == FAILED and result.retry \
-            else 0
-        row = RungState(policy.name, rung.index, spec.step, result.status, incident.id, dry_run,
-                        result.undo, first_ns or now_ns, attempts, retry_ns, spec.record(),
-                        result.target, now_ns)
-        self._settle(row, incident, "apply", result, reason, now_ns, put=row, keep_intent=keep)
-        if result.status == FAILED:
-            log.error("policy %s: %s failed: %s%s", policy.name, spec.step, result.detail,
-                      " (will retry)" if retry_ns else "")
-        return result
+        name = policy.name
+
+        def finish(outcome: tuple[StepResult, bool], at_ns: int, late: bool) -> StepResult:
+            result, keep = outcome
+            retry_ns = at_ns + backoff_ns(attempts) if result.status == FAILED and \
+                result.retry else 0
+            row = RungState(name, rung.index, spec.step, result.status, incident.id, dry_run,
+                            result.undo, first_ns or now_ns, attempts, retry_ns, spec.record(),
+                            result.target, at_ns)
+            self._settle(row, incident, "apply", result, reason, at_ns, put=row,
+                         keep_intent=keep)
+            if result.status == FAILED:
+                log.error("policy %s: %s failed: %s%s", name, spec.step, result.detail,
+                          " (will retry)" if retry_ns else "")
+            return result
+
+        if self._remote(spec) and (name, rung.index) not in self._jobs:
+            # its rung stands as running meanwhile: the next rung's `after` counts from here,
+            # and neither a retry nor an undo starts on top of it
+            self.ledger.put(RungState(name, rung.index, spec.step, RUNNING, incident.id,
+                                      dry_run, {}, first_ns or now_ns, attempts, 0,
+                                      spec.record(), f"node/{self.node}", now_ns))
+        return self._job((name, rung.index), spec, lambda: self._attempt(
+            name, rung, incident, dry_run, now_ns, reason), finish, now_ns) or StepResult(
+            RUNNING, f"node/{self.node}", f"{spec.step}: on the API worker")
 
     def _repeat(self, policy: Policy, rung: Rung, row: RungState, incident: Incident,
                 now_ns: int, reason: str) -> None:
@@ -387,17 +418,64 @@ class Ladder:
         the record: what the rung put in force is still there, and must still be undone."""
         spec = rung.spec
         dry_run = self.dry_run or spec.dry_run
-        result, keep = self._attempt(policy.name, rung, incident, dry_run, now_ns, reason)
-        strength = {DONE: 2, PROPOSED: 1}
-        if strength.get(result.status, 0) >= max(strength.get(row.status, 0), 1):
-            row.status, row.undo, row.target = result.status, result.undo, result.target
-            row.incident, row.dry_run, row.spec = incident.id, dry_run, spec.record()
-        row.last_ns = now_ns
-        self._settle(row, incident, "apply", result, reason, now_ns, put=row, keep_intent=keep,
-                     dry_run=dry_run)
-        if result.status == FAILED:
-            log.error("policy %s: repeating %s failed: %s", policy.name, spec.step,
-                      result.detail)
+
+        def finish(outcome: tuple[StepResult, bool], at_ns: int, late: bool) -> None:
+            result, keep = outcome
+            strength = {DONE: 2, PROPOSED: 1}
+            if strength.get(result.status, 0) >= max(strength.get(row.status, 0), 1):
+                row.status, row.undo, row.target = result.status, result.undo, result.target
+                row.incident, row.dry_run, row.spec = incident.id, dry_run, spec.record()
+            row.last_ns = at_ns
+            self._settle(row, incident, "apply", result, reason, at_ns, put=row,
+                         keep_intent=keep, dry_run=dry_run)
+            if result.status == FAILED:
+                log.error("policy %s: repeating %s failed: %s", policy.name, spec.step,
+                          result.detail)
+
+        self._job((policy.name, rung.index), spec, lambda: self._attempt(
+            policy.name, rung, incident, dry_run, now_ns, reason), finish, now_ns)
+
+    # -- the API worker --------------------------------------------------------------------
+
+    def _remote(self, spec: StepSpec) -> bool:
+        if self._worker is None:
+            return False
+        return bool(getattr(self._step_or_none(spec), "remote", False))
+
+    def _job(self, key: tuple[str, int], spec: StepSpec, work: Callable[[], Any],
+             finish: Callable[[Any, int, bool], Any], now_ns: int) -> Any:
+        """`work` now and `finish` its outcome now; or, for a step that talks to the API
+        server while there is a worker, `work` there and `finish` on this thread at the first
+        tick that finds it done (None meanwhile; None too while the rung's previous job runs).
+        Every ledger and incident write stays on this thread."""
+        if not self._remote(spec):
+            return finish(work(), now_ns, False)
+        if key not in self._jobs:
+            assert self._worker is not None
+            self._jobs[key] = (self._worker.submit(work), finish)
+        return None
+
+    def _collect(self, now_ns: int) -> None:
+        for key, (future, finish) in list(self._jobs.items()):
+            if not future.done():
+                continue
+            del self._jobs[key]
+            try:
+                finish(future.result(), now_ns, True)
+            except Exception as exc:
+                self.errors[key[0]] = (f"policy {key[0]!r}: rung {key[1] + 1}: "
+                                       f"{exc.__class__.__name__}: {exc}")[:500]
+                log.exception("policy %s: settling rung %d failed", key[0], key[1] + 1)
+
+    def busy(self) -> bool:
+        """Whether a step is on the API worker (its outcome comes at a later tick)."""
+        return bool(self._jobs)
+
+    def close(self) -> None:
+        """An API call under way finishes (bounded by its request timeout); its outcome,
+        never settled, is reconciled from its intent by the next run."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=True, cancel_futures=True)
 
     def _attempt(self, policy: str, rung: Rung, incident: Incident, dry_run: bool, now_ns: int,
                  reason: str) -> tuple[StepResult, bool]:
@@ -470,8 +548,9 @@ class Ladder:
         except Exception:
             return None
 
-    def _undo(self, row: RungState, now_ns: int, reason: str) -> bool:
-        """Undo one rung in force; False when it failed and stays for a retry."""
+    def _undo(self, row: RungState, now_ns: int, reason: str) -> bool | None:
+        """Undo one rung in force; False when it failed and stays for a retry, None while it
+        is on the API worker (the descent then goes on from its outcome)."""
         spec = StepSpec.model_validate(row.spec or {"step": row.kind})
         if row.status in (FAILED, SKIPPED):
             self.ledger.remove(row.policy, row.rung)  # nothing was changed: nothing to undo
@@ -480,22 +559,33 @@ class Ladder:
         others = [r for r in self.ledger.rungs() if r.kind == row.kind and r.target ==
                   row.target and (r.spec or {}).get("params", {}) == params
                   and (r.policy, r.rung) != (row.policy, row.rung) and r.status == DONE]
+        ctx = self._context(row.incident, row.dry_run or row.status == PROPOSED, now_ns, reason)
+        recorded = {k: v for k, v in row.undo.items() if k != "_undo_attempts"}
+
+        def work() -> StepResult:
+            if row.status == DONE and others:
+                return StepResult(SKIPPED, row.target,
+                                  f"kept: rung {others[0].rung + 1} of policy "
+                                  f"{others[0].policy} still holds {row.kind}")
+            return self._run(spec, lambda step: step.undo(ctx, recorded))
+
+        def finish(result: StepResult, at_ns: int, late: bool) -> bool:
+            incident = self.load_incident(row.incident)
+            if result.status == FAILED:
+                row.undo["_undo_attempts"] = row.undo.get("_undo_attempts", 0) + 1
+                self._settle(row, incident, "undo", result, reason, at_ns, put=row)
+            else:
+                self._settle(row, incident, "undo", result, reason, at_ns, remove=True)
+            done = result.status != FAILED
+            if late:  # the descent goes on from here
+                rest = [r for r in self.ledger.rungs(row.policy) if r.rung < row.rung]
+                self._after_undo(row.policy, self.policies.get(row.policy), rest, row, done,
+                                 at_ns)
+            return done
+
         if row.status == DONE and others:
-            result = StepResult(SKIPPED, row.target,
-                                f"kept: rung {others[0].rung + 1} of policy {others[0].policy} "
-                                f"still holds {row.kind}")
-        else:
-            ctx = self._context(row.incident, row.dry_run or row.status == PROPOSED, now_ns,
-                                reason)
-            recorded = {k: v for k, v in row.undo.items() if k != "_undo_attempts"}
-            result = self._run(spec, lambda step: step.undo(ctx, recorded))
-        incident = self.load_incident(row.incident)
-        if result.status == FAILED:
-            row.undo["_undo_attempts"] = row.undo.get("_undo_attempts", 0) + 1
-            self._settle(row, incident, "undo", result, reason, now_ns, put=row)
-        else:
-            self._settle(row, incident, "undo", result, reason, now_ns, remove=True)
-        return result.status != FAILED
+            return finish(work(), now_ns, False)
+        return self._job((row.policy, row.rung), spec, work, finish, now_ns)
 
     # -- after a crash ----------------------------------------------------------------------
 
@@ -507,11 +597,16 @@ class Ladder:
         its policy still fires (apply is idempotent: the lever is then really in force) or
         undone in the descent when it does not. Nothing changed in the crash is left behind
         unknown, and nothing is done twice."""
-        intents = self.ledger.intents()
+        rows = {(r.policy, r.rung): r for r in self.ledger.rungs()}
+        for key, row in rows.items():
+            if row.status == RUNNING and key not in self._jobs:
+                # on the API worker of a run that ended: nothing known of it but its intent
+                row.status, row.retry_ns = FAILED, now_ns
+                self.ledger.put(row)
+        intents = [i for i in self.ledger.intents() if (i.policy, i.rung) not in self._jobs]
         self._pending = set()
         if not intents:
             return
-        rows = {(r.policy, r.rung): r for r in self.ledger.rungs()}
         for intent in intents:
             try:
                 self._reconcile_one(intent, rows.get((intent.policy, intent.rung)), firing,

@@ -151,7 +151,8 @@ class Agent:
             kube_error = "Kubernetes is not configured (kubernetes.enabled: false)"
         self.actuator_env = ActuatorEnv(
             self.node, self.ledger, kube=kube, kube_error=kube_error,
-            usage=self.cgroups.usage if self.cgroups else None)
+            usage=self.cgroups.usage if self.cgroups else None,
+            request_timeout_s=self.settings.kubernetes.timeout)
         self.steps = StepFactory(self.actuator_env)
         self.policies = PolicySet(list(self.settings.actuators.policies),
                                   validate_step=self.steps.check)
@@ -162,6 +163,7 @@ class Agent:
             inventory=self.cgroups.workloads if self.cgroups else (lambda: []),
             dry_run=self.settings.actuators.dry_run,
             open_incidents=self.incidents.open_incidents,
+            background=True,  # API calls never hold up collection and evaluation
         )
 
     def _build_alerting(self, data_dir: Any) -> Any:
@@ -252,6 +254,7 @@ class Agent:
             self.forwarder.stop()
         self.alerting.stop()  # what is not yet delivered stays in the outbox for the next run
         self.store.close()
+        self.ladder.close()  # an API call under way ends within its timeout
         self.incidents.close()
         self.ledger.close()
         self.alerting.db.close()

@@ -183,6 +183,9 @@ class KubernetesConfig(_Section):
     enabled: bool = False
     kubeconfig: str | None = Field(None, description="unset: in-cluster service account")
     refresh: Duration = 30.0
+    timeout: Duration = Field(5.0, gt=0, description="one API request of a step (cordon, "
+                                                     "capacity, evict): slower fails the step, "
+                                                     "retried with backoff")
 
 
 def _default_rule_paths() -> list[str]:
