@@ -95,7 +95,7 @@ class Ladder:
         # `background`: a slow or hanging apiserver must not stall collection and evaluation
         # (nor the local levers). Their outcome is settled on this thread, at the next tick.
         self._worker = ThreadPoolExecutor(1, "ladder-api") if background else None
-        self._jobs: dict[tuple[str, int], tuple[Future, Callable[[Any, int], None]]] = {}
+        self._jobs: dict[tuple[str, int], tuple[Future, Callable[[Any, int, bool], Any]]] = {}
         # between episodes, persisted (Descent): a restart keeps a relapse back-off
         self._saved = ledger.descents()
         self._undo_due = {n: d.undo_due_ns for n, d in self._saved.items() if d.undo_due_ns}
@@ -447,7 +447,7 @@ class Ladder:
         """`work` now and `finish` its outcome now; or, for a step that talks to the API
         server while there is a worker, `work` there and `finish` on this thread at the first
         tick that finds it done (None meanwhile; None too while the rung's previous job runs).
-        Every ledger and incident write stays on this thread."""
+        Every ledger and incident write but the step's own intents stays on this thread."""
         if not self._remote(spec):
             return finish(work(), now_ns, False)
         if key not in self._jobs:

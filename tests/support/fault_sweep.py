@@ -90,6 +90,20 @@ class RunResult:
     seconds: float = 0.0
 
 
+def _retried(call: Callable[[], Any], tries: int = 4) -> Any:
+    """An admin call of the test itself, retried: on a loaded machine the test apiserver
+    sometimes gives up on a request (504 after its 1 min request timeout). The agent's own
+    calls are never retried here: that is what the sweep tests."""
+    for attempt in range(tries):
+        try:
+            return call()
+        except client.ApiException as exc:
+            if exc.status is None or exc.status < 500 or attempt == tries - 1:
+                raise
+        time.sleep(1)
+    raise AssertionError("unreachable")
+
+
 class Sweep:
     """What stays the same across the runs: the apiserver, the cgroups helper, the binary."""
 
@@ -165,11 +179,12 @@ class Sweep:
     # -- the world of one run ----------------------------------------------------------------
 
     def _make_node(self, node: str, namespace: str) -> None:
-        self.core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
-        self.core.patch_node_status(node, {"status": {"capacity": CAPACITY,
-                                                      "allocatable": ALLOCATABLE}})
-        self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-            name=namespace)))
+        _retried(lambda: self.core.create_node(client.V1Node(
+            metadata=client.V1ObjectMeta(name=node))))
+        _retried(lambda: self.core.patch_node_status(node, {"status": {
+            "capacity": CAPACITY, "allocatable": ALLOCATABLE}}))
+        _retried(lambda: self.core.create_namespace(client.V1Namespace(
+            metadata=client.V1ObjectMeta(name=namespace))))
         for name, label, cpu in (("batch-a", "BE", "1"), ("batch-b", "BE", "2"),
                                  ("web", "LS", "2")):
             self._pod(node, namespace, name, label, cpu)
@@ -177,16 +192,16 @@ class Sweep:
     def _pod(self, node: str, namespace: str, name: str, label: str, cpu: str) -> None:
         """A pod bound to the node, and the kubelet's part: Running and Ready."""
         resources = client.V1ResourceRequirements(requests={"cpu": cpu}, limits={"cpu": cpu})
-        self.core.create_namespaced_pod(namespace, client.V1Pod(
+        _retried(lambda: self.core.create_namespaced_pod(namespace, client.V1Pod(
             metadata=client.V1ObjectMeta(name=name, labels={CLASS: label}),
             spec=client.V1PodSpec(node_name=node, termination_grace_period_seconds=30,
                                   containers=[client.V1Container(
                                       name="main", image="registry.invalid/x:1",
-                                      resources=resources)])))
+                                      resources=resources)]))))
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        self.core.patch_namespaced_pod_status(name, namespace, {"status": {
+        _retried(lambda: self.core.patch_namespaced_pod_status(name, namespace, {"status": {
             "phase": "Running", "qosClass": "Guaranteed", "startTime": now,
-            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}]}})
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}]}}))
 
     def _remove_node(self, node: str, namespace: str) -> None:
         try:
@@ -235,7 +250,7 @@ class Sweep:
         for name, value in original.items():
             if now.get(name) != value:
                 bad.append(f"{be}/{name} is {now.get(name)}, was {value}")
-        obj = self.core.read_node(node)
+        obj = _retried(lambda: self.core.read_node(node))
         if obj.spec.unschedulable:
             bad.append("the node is still cordoned")
         marks = [k for k in (obj.metadata.annotations or {}) if k.startswith("sloguard.io/")]
@@ -254,8 +269,8 @@ class Sweep:
         evicted = {e["objectRef"]["name"] for e in evictions}
         if len(evictions) > 1:
             bad.append(f"{len(evictions)} evictions for one incident (budget 1): {evicted}")
-        cordons = self.core.list_namespaced_event(
-            "default", field_selector=f"involvedObject.name={node},reason=SloguardCordoned")
+        cordons = _retried(lambda: self.core.list_namespaced_event(
+            "default", field_selector=f"involvedObject.name={node},reason=SloguardCordoned"))
         if len(cordons.items) > 1:
             bad.append(f"cordoned {len(cordons.items)} times")
         with sqlite3.connect(ledger) as conn:
