@@ -322,7 +322,7 @@ class Agent:
                 time.perf_counter() - t0)
             self.metrics.samples_collected.labels(collector.name).inc(len(samples))
             self._enqueue(samples)
-            self.windows.add(samples)  # detection goes on even while the store fails
+            self.windows.add(samples, now_ns=now_ns)  # detection goes on while the store fails
         self._flush()
         mono = time.monotonic()
         if mono >= self._next_reload:
