@@ -125,6 +125,12 @@ class Agent:
             "sloguard_rule_file_errors", "Rule files rejected on their last load", "",
             lambda: {"": len(self.rules.errors)},
         )
+        rejected = getattr(self.store, "rejected", None)
+        if isinstance(rejected, dict):  # the embedded store's; InfluxDB counts its own
+            self.metrics.counter_callback(
+                "sloguard_store_samples_rejected",
+                "Samples the store dropped because it cannot hold them (time or value out of "
+                "range, too many fields), by reason", "reason", lambda: dict(rejected))
         if self.cgroups is not None:
             cg = self.cgroups
             self.metrics.gauge_callback(
@@ -410,10 +416,12 @@ class Agent:
         batch = list(self._buffer)
         try:
             self.store.write(batch)
-        except StoreError as exc:
-            self._store_error = str(exc)
+        except Exception as exc:  # a store's bug, too, must not end the tick before detection
+            self._store_error = str(exc) if isinstance(exc, StoreError) else (
+                f"{exc.__class__.__name__}: {exc}")
             self.metrics.store_errors.labels(self.store.name, "write").inc()
-            log.warning("store write failed, keeping %d samples for retry: %s", len(batch), exc)
+            log.warning("store write failed, keeping %d samples for retry: %s", len(batch),
+                        self._store_error)
         else:
             self._buffer.clear()
             self._store_error = ""
