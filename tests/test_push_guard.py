@@ -195,7 +195,7 @@ def test_pushed_data_cannot_blind_or_crash_the_agent(tmp_path, sloguard_bin):
         ahead = time.time_ns() + DAY
         answer = write(f"app_latency,service=web p99=1\napp_latency,service=web p99=1 {ahead}")
         assert answer.status_code == 400, answer.text
-        assert answer.json()["detail"].startswith("line 2, timestamp: timestamp ")
+        assert answer.json()["detail"].startswith("line 2: timestamp ")
         assert "ahead of the agent's clock (receive.max_future: 30s)" in answer.json()["detail"]
         old = write(f"app_latency,service=web p99=1 {time.time_ns() - 3600 * S}")
         assert old.status_code == 400 and "receive.max_past: 300s" in old.json()["detail"]

@@ -405,7 +405,7 @@ def receive_router(collector: AppLatencyCollector, cfg: Any, node: str) -> APIRo
                                          f"{', '.join(sorted(allowed))})")
             check_point(where, point)
             try:
-                when = check_time(f"{where}, timestamp", point.time_ns, now, cfg)
+                when = check_time(where, point.time_ns, now, cfg)
             except ValueError as exc:
                 raise refuse("write", "timestamp", 400, str(exc)) from None
             tags = {**point.tags, "node": node}
