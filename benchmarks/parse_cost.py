@@ -94,8 +94,9 @@ CASES: dict[str, tuple[Callable[[str], None], Callable[[int], str], dict[str, Ca
         'rpc_seconds_bucket{le="0.1",method="get",code="200"} 12\n', n), {
         "counter families": lambda n: HISTOGRAM + "".join(
             f'# TYPE c{i} counter\nc{i}_total{{code="500"}} 1\n' for i in range(n // 40)),
-        "labels per line": lambda n: HISTOGRAM + repeat(
-            "m{" + repeat('a="b",', SPEC.max_line - 20) + "} 1\n", n),
+        "labels per line": lambda n: HISTOGRAM + repeat("m{" + "".join(
+            f'l{i}="b",' for i in range(SPEC.max_line // 6))[:SPEC.max_line - 20].rsplit(
+            ",", 1)[0] + "} 1\n", n),
         "escaped label values": lambda n: HISTOGRAM + repeat('m{a="' + '\\"' * 100 + '"} 1\n',
                                                              n),
         "one long line": lambda n: HISTOGRAM + "m{" + "a" * n + "} 1\n",
