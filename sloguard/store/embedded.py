@@ -46,6 +46,7 @@ CREATE TABLE IF NOT EXISTS fields (
 """
 _SQL_AGG = {"mean": "AVG", "min": "MIN", "max": "MAX", "sum": "SUM", "count": "COUNT"}
 _DELETE_BATCH = 50_000
+FREE_SPACE_RESERVE = 256 * 1024**2  # or 5% of the filesystem, whichever is larger
 MAX_FIELDS = 1000  # columns of one measurement's table (SQLite allows 2000 in all)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _STORABLE = (float, str, bool, type(None))
@@ -82,7 +83,6 @@ def unstorable(sample: Sample) -> tuple[str, str] | None:
         elif not isinstance(value, _STORABLE):
             return "value", f"field {name!r}: a {type(value).__name__} cannot be stored"
     return None
-FREE_SPACE_RESERVE = 256 * 1024**2  # or 5% of the filesystem, whichever is larger
 
 
 class _Catalog:
@@ -185,6 +185,8 @@ class EmbeddedStore:
             self._write_isolating(samples[middle:])
 
     def _write_batch(self, samples: list[Sample]) -> None:
+        """One transaction, committed whole or rolled back whole: _Unstorable when a sample is
+        to blame (the caller halves the batch), StoreError when the database is."""
         conn, catalog = self._writer, self._catalog
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -221,7 +223,8 @@ class EmbeddedStore:
             self._fast_ids.clear()
             if isinstance(exc, _Unstorable) or not isinstance(exc, Exception):
                 raise
-            if type(exc) in _RETRYABLE:  # locked, busy, disk full or I/O: keep the batch
+            if type(exc) in _RETRYABLE or (  # locked, busy, disk full or I/O: keep the batch
+                    isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc)):
                 self._last_error = f"write failed: {exc}"
                 raise StoreError(f"{self.path}: {exc}") from exc
             # a value SQLite cannot bind (OverflowError, TypeError, UnicodeEncodeError,
