@@ -65,7 +65,9 @@ class Target:
 def _read_spec(cfg: Any, errors: Any, metric: str | None = None,
                labels: dict[str, str] | None = None, unit: str = "auto") -> ReadSpec:
     return ReadSpec(metric=metric, labels=tuple(sorted((labels or {}).items())), unit=unit,
-                    error_metric=errors.metric, error_label=errors.label, error_match=errors.match)
+                    error_metric=errors.metric, error_label=errors.label, error_match=errors.match,
+                    max_series=cfg.max_series, max_labels=cfg.max_labels,
+                    max_label_length=cfg.max_label_length)
 
 
 def _timeout(timeout: float | None, default: float, interval: float) -> float:

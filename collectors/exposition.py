@@ -4,6 +4,14 @@ Parsing is prometheus-client's own (the text format, or OpenMetrics when the res
 so anything Prometheus can scrape, sloguard can. From the families it keeps the latency histogram
 (or summary) and the counter that tells errors apart by status label; `interval` turns two
 readings into the observations in between, handling counter resets and `_created` series.
+
+A target's page is outside input, read on the agent's own threads, so what it may cost is
+bounded: the page's size (`max_response`, by the fetch), its lines (no longer than a series
+within the label bounds can be: prometheus-client's parser slices the rest of a line for each
+label, so a long line of labels costs the square of its length), its series (`max_series`), the
+labels of a series (`max_labels`) and their length (`max_label_length`). A page over a bound is
+an ExpositionError, reported as the target's error like any malformed page. Everything after
+the parse is linear in the number of samples.
 """
 
 from __future__ import annotations
@@ -39,6 +47,15 @@ class ReadSpec:
     error_metric: str | None = None
     error_label: str = "code"
     error_match: str = "5.."
+    max_series: int = 10_000
+    max_labels: int = 32
+    max_label_length: int = 1024
+
+    @property
+    def max_line(self) -> int:
+        """The longest line a series within the label bounds needs (name, labels, value,
+        timestamp, exemplar), and HELP text of reasonable length."""
+        return 4096 + self.max_labels * (2 * self.max_label_length + 8)
 
 
 @dataclass(slots=True)
@@ -76,11 +93,16 @@ def parse(text: str, content_type: str = "") -> list:
 
 def read(text: str, content_type: str, spec: ReadSpec) -> Reading:
     """The latency family and error counter of one page, as a Reading."""
+    _check_lines(text, spec.max_line)
     samples: list[tuple[str, dict[str, str], float]] = []
     types: dict[str, str] = {}
     for family in parse(text, content_type):
         types[family.name] = family.type
         samples.extend((s.name, s.labels, s.value) for s in family.samples)
+        if len(samples) > spec.max_series:
+            raise ExpositionError(f"more than {spec.max_series} series on the page "
+                                  "(app_latency.max_series)")
+    _check_labels(samples, spec)
     histograms = _histogram_names(types, samples)
     summaries = sorted({n for n, t in types.items() if t == "summary"}
                        & {name for name, labels, _ in samples if "quantile" in labels})
@@ -101,6 +123,31 @@ def read(text: str, content_type: str, spec: ReadSpec) -> Reading:
         _summaries(metric, samples, wanted, scale)
     errors, source = _errors(spec, types, samples, series, metric)
     return Reading(metric, kind, series, errors, source)
+
+
+def _check_lines(text: str, limit: int) -> None:
+    """No line longer than `limit` (before the parser, whose cost per line is quadratic)."""
+    if len(text) <= limit:
+        return
+    lengths = list(map(len, text.split("\n")))
+    longest = max(lengths)
+    if longest > limit:
+        line = lengths.index(longest) + 1
+        raise ExpositionError(f"line {line} has {longest} characters, more than a series "
+                              f"within app_latency.max_labels and max_label_length needs "
+                              f"({limit})")
+
+
+def _check_labels(samples: list, spec: ReadSpec) -> None:
+    limit = spec.max_label_length
+    for name, labels, _ in samples:
+        if len(labels) > spec.max_labels:
+            raise ExpositionError(f"{name[:100]}: {len(labels)} labels, more than "
+                                  f"app_latency.max_labels ({spec.max_labels})")
+        for key, value in labels.items():
+            if len(key) > limit or len(value) > limit:
+                raise ExpositionError(f"{name[:100]}: label {key[:100]!r} is longer than "
+                                      f"app_latency.max_label_length ({limit} characters)")
 
 
 def _histogram_names(types: dict[str, str], samples: list) -> set[str]:
@@ -212,8 +259,10 @@ def _errors(spec: ReadSpec, types: dict[str, str], samples: list,
     counters = sorted(n for n, t in types.items() if t == "counter")
     name = spec.error_metric
     if name is None:  # the requests counter, not e.g. Go's promhttp_metric_handler_requests
-        labelled = [c for c in counters if not c.startswith("promhttp_") and any(
-            s[0] in (c, f"{c}_total") and label in s[1] for s in samples)]
+        # one pass over the samples (a scan per counter was quadratic on a page of counters)
+        with_label = {s[0] for s in samples if label in s[1]}
+        labelled = [c for c in counters if not c.startswith("promhttp_") and (
+            c in with_label or f"{c}_total" in with_label)]
         name = min(labelled, key=lambda c: ("request" not in c.lower(), c), default=None)
     if name is not None:
         if name.removesuffix("_total") not in {c.removesuffix("_total") for c in counters} and \

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -50,13 +51,15 @@ class SloTracker:
         return fallback
 
     def add(self, service: str, namespace: str, batch: LatencyBatch, time_ns: int) -> None:
+        """One batch of the service; the window is pruned against the agent's clock, never
+        `time_ns`: a pushed batch stamped ahead must not empty the service's window."""
         index = self._index(service, namespace)
         if index is None:
             return
         with self._lock:
             entries = self._entries[index]
             entries.append((time_ns, batch))
-            self._prune(index, time_ns)
+            self._prune(index, time.time_ns())
             self._dirty.add(index)
 
     def _prune(self, index: int, now_ns: int) -> None:
@@ -75,7 +78,10 @@ class SloTracker:
             windows = {}
             for index in dirty:
                 self._prune(index, now_ns)
-                windows[index] = [b for _, b in self._entries[index]]
+                cutoff = now_ns - int(self.slos[index].window * 1e9)
+                # pushed batches arrive out of order: one stamped before the window may sit
+                # behind newer ones until they are pruned
+                windows[index] = [b for t, b in self._entries[index] if t >= cutoff]
         out = []
         for index, batches in sorted(windows.items()):
             slo = self.slos[index]

@@ -207,7 +207,7 @@ class Engine:
             except Exception as exc:
                 log.warning("backfill of %s from the store failed: %s", rule.key, exc)
                 continue
-            self.windows.add(samples, only=subscription)
+            self.windows.add(samples, only=subscription, now_ns=now_ns)
             loaded += len(samples)
         self.windows.retain(subscriptions)
         return loaded

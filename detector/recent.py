@@ -139,12 +139,16 @@ class RecentWindows:
         for sub in self._subs.values():
             self._by_measurement.setdefault(sub.selector.measurement, []).append(sub)
 
-    def add(self, samples: Iterable[Sample], only: Subscription | None = None) -> None:
+    def add(self, samples: Iterable[Sample], only: Subscription | None = None,
+            now_ns: int | None = None) -> None:
         """Route samples to the subscriptions they match, then drop what left every window.
 
-        Windows end at the newest sample of this batch, not the newest ever seen: after the
-        wall clock steps back, new samples are kept (points stamped in the "future" are simply
-        outside every window until the clock catches up).
+        The agent passes its own clock as `now_ns`: windows are pruned against it, never
+        against a sample's time, since pushed samples carry the pusher's: one point stamped a
+        day ahead emptied every window and resolved firing incidents as "no data". Without
+        `now_ns` (backtests replaying recorded data) windows end at the newest sample of this
+        batch, not the newest ever seen: after the wall clock steps back, new samples are kept
+        (points stamped in the "future" are outside every window until the clock catches up).
         """
         newest = 0
         for sample in samples:
@@ -156,6 +160,8 @@ class RecentWindows:
                 sub.offer(sample, given)
             if sample.time_ns > newest:
                 newest = sample.time_ns
+        if now_ns is not None:
+            newest = now_ns
         if newest:
             for sub in self._subs.values():
                 sub.prune(newest)

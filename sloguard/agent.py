@@ -126,6 +126,12 @@ class Agent:
             "sloguard_rule_file_errors", "Rule files rejected on their last load", "",
             lambda: {"": len(self.rules.errors)},
         )
+        rejected = getattr(self.store, "rejected", None)
+        if isinstance(rejected, dict):  # the embedded store's; InfluxDB counts its own
+            self.metrics.counter_callback(
+                "sloguard_store_samples_rejected",
+                "Samples the store dropped because it cannot hold them (time or value out of "
+                "range, too many fields), by reason", "reason", lambda: dict(rejected))
         if self.cgroups is not None:
             cg = self.cgroups
             self.metrics.gauge_callback(
@@ -326,7 +332,7 @@ class Agent:
                 time.perf_counter() - t0)
             self.metrics.samples_collected.labels(collector.name).inc(len(samples))
             self._enqueue(samples)
-            self.windows.add(samples)  # detection goes on even while the store fails
+            self.windows.add(samples, now_ns=now_ns)  # detection goes on while the store fails
         self._flush()
         mono = time.monotonic()
         if mono >= self._next_reload:
@@ -414,10 +420,12 @@ class Agent:
         batch = list(self._buffer)
         try:
             self.store.write(batch)
-        except StoreError as exc:
-            self._store_error = str(exc)
+        except Exception as exc:  # a store's bug, too, must not end the tick before detection
+            self._store_error = str(exc) if isinstance(exc, StoreError) else (
+                f"{exc.__class__.__name__}: {exc}")
             self.metrics.store_errors.labels(self.store.name, "write").inc()
-            log.warning("store write failed, keeping %d samples for retry: %s", len(batch), exc)
+            log.warning("store write failed, keeping %d samples for retry: %s", len(batch),
+                        self._store_error)
         else:
             self._buffer.clear()
             self._store_error = ""

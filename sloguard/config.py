@@ -580,6 +580,18 @@ class ReceiveConfig(_Section):
     measurements: list[str] = Field(
         default_factory=lambda: ["app_latency"],
         description="measurements /api/v1/write accepts")
+    # Pushed data is outside input: a point stamped far ahead would otherwise end every rule's
+    # window, and unbounded tags would grow the store and the rule windows without end.
+    max_past: Duration = Field(
+        300.0, gt=0, description="oldest timestamp accepted, before the agent's clock (400)")
+    max_future: Duration = Field(
+        30.0, ge=0, description="newest timestamp accepted, after the agent's clock (400)")
+    max_series: int = Field(
+        10_000, ge=1, description="distinct series pushed per hour; new ones beyond get 400")
+    max_tags: int = Field(16, ge=1, le=256, description="tags per pushed point (400 beyond)")
+    max_label_length: int = Field(
+        256, ge=16, le=65536, description="characters of a pushed tag key or value (400)")
+    max_fields: int = Field(64, ge=1, le=1000, description="fields per pushed point (400)")
 
     @model_validator(mode="after")
     def _token(self) -> ReceiveConfig:
@@ -599,6 +611,12 @@ class AppLatencyConfig(_Section):
         0.05, ge=0, le=0.5, description="random delay per round, fraction of the interval")
     max_response: Size = Field(
         10 * 1024**2, ge=1024, description="largest exposition body read from a target")
+    max_series: int = Field(
+        10_000, ge=1, description="series on one scraped page; a page with more is an error")
+    max_labels: int = Field(
+        32, ge=1, le=1000, description="labels of one scraped series; more is an error")
+    max_label_length: int = Field(
+        1024, ge=16, le=65536, description="characters of a scraped label name or value")
     errors: ErrorCounting = Field(default_factory=ErrorCounting)
     targets: list[AppScrapeTarget] = Field(default_factory=list)
     probes: list[AppProbe] = Field(default_factory=list)
@@ -610,7 +628,8 @@ def percentile_quantile(value: str) -> float:
     """0.99 from "p99", 0.999 from "p999" or "p99.9": the spelling of rules and dashboards."""
     text = str(value).strip().lower()
     digits = text[1:]
-    if not text.startswith("p") or not digits or not digits.replace(".", "", 1).isdigit():
+    # ASCII digits only: str.isdigit() accepts "²", which float() then refuses
+    if not text.startswith("p") or not re.fullmatch(r"(?=.*[0-9])[0-9]*\.?[0-9]*", digits):
         raise ValueError(f"not a percentile: {value!r} (use e.g. p50, p99, p999 or p99.9)")
     quantile = float(digits) / 100 if "." in digits else float(f"0.{digits}")
     if not 0 < quantile < 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 
@@ -65,6 +65,13 @@ class AgentMetrics:
     ) -> None:
         """A gauge family computed at scrape time (e.g. incidents by state from the database)."""
         self.registry.register(_CallbackCollector(name, doc, label, read))
+
+
+    def counter_callback(
+        self, name: str, doc: str, label: str, read: Callable[[], dict[str, float]]
+    ) -> None:
+        """A counter family read at scrape time from a count its owner keeps."""
+        self.registry.register(_CallbackCounter(name, doc, label, read))
 
 
 class InfluxMetrics:
@@ -133,4 +140,17 @@ class _CallbackCollector(Collector):
         family = GaugeMetricFamily(self.name, self.doc, labels=[self.label] if self.label else [])
         for key, value in self.read().items():
             family.add_metric([key] if self.label else [], value)
+        yield family
+
+
+class _CallbackCounter(Collector):
+    def __init__(
+        self, name: str, doc: str, label: str, read: Callable[[], dict[str, float]]
+    ) -> None:
+        self.name, self.doc, self.label, self.read = name, doc, label, read
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.doc, labels=[self.label])
+        for key, value in sorted(self.read().items()):
+            family.add_metric([key], value)
         yield family

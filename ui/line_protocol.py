@@ -9,6 +9,14 @@ character is kept as it is. Field values are floats (1, 1.5, -2e3), integers (12
 integers (12u), booleans (t, T, true, True, TRUE and the f forms) or strings ("..."). A pusher's
 mistake must come back as "line 3, column 17: ...", never as a half-written batch, so the whole
 body is parsed before anything is accepted.
+
+The body comes from outside, so every step is linear in its length. Numbers are matched by
+patterns that backtrack at most once per character (the old one, digits, an optional dot,
+digits, split a run of digits every possible way: 8,000 digits took seconds, holding the GIL and
+so the whole agent). Integers and timestamps are length-checked before `int()`, whose cost grows
+with the square of the digits and which refuses more than 4,300 of them with a ValueError, not a
+LineProtocolError. Digits are ASCII only: `str.isdigit` says yes to "²", which `int` refuses.
+Integers and timestamps are InfluxDB's: 64 bits.
 """
 
 from __future__ import annotations
@@ -20,8 +28,23 @@ from dataclasses import dataclass
 PRECISIONS = {"ns": 1, "us": 1_000, "u": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 _TRUE = frozenset({"t", "T", "true", "True", "TRUE"})
 _FALSE = frozenset({"f", "F", "false", "False", "FALSE"})
-_FLOAT = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-_INTEGER = re.compile(r"-?\d+")
+# One way to match any text: after the digits, only a "." may start the fraction.
+_FLOAT = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+_INTEGER = re.compile(r"-?[0-9]+")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+UINT64_MAX = 2**64 - 1
+_MAX_DIGITS = 20  # 2**64 has 20 digits: anything longer is out of range without int()
+
+
+def _int64ish(text: str) -> int | None:
+    """The integer `text` (ASCII digits, maybe a minus) spells, or None when it has more digits
+    than any 64-bit integer: int() is not called on those (quadratic, and over 4,300 digits a
+    ValueError)."""
+    negative = text.startswith("-")
+    digits = text[negative:].lstrip("0") or "0"
+    if len(digits) > _MAX_DIGITS:
+        return None
+    return -int(digits) if negative else int(digits)
 
 
 class LineProtocolError(ValueError):
@@ -96,9 +119,13 @@ class _Line:
         time_ns = None
         if self.pos < len(self.text):
             stamp = self.text[self.pos:].strip()
-            if not (stamp.lstrip("-").isdigit()):
+            if not _INTEGER.fullmatch(stamp):
                 raise self.fail(f"timestamp must be an integer, got {stamp[:40]!r}")
-            time_ns = int(stamp) * factor
+            stamp_value = _int64ish(stamp)
+            if stamp_value is None or not INT64_MIN <= stamp_value * factor <= INT64_MAX:
+                raise self.fail(f"timestamp {stamp[:40]!r} is out of range (64-bit "
+                                "nanoseconds: 1677-09-21 to 2262-04-11)")
+            time_ns = stamp_value * factor
         return Point(measurement, tags, fields, time_ns, self.number)
 
     def skip_spaces(self) -> None:
@@ -154,7 +181,13 @@ class _Line:
             return False
         if raw[-1] in "iu" and _INTEGER.fullmatch(raw[:-1]) and not (
                 raw[-1] == "u" and raw.startswith("-")):
-            return int(raw[:-1])
+            low, high = (INT64_MIN, INT64_MAX) if raw[-1] == "i" else (0, UINT64_MAX)
+            number = _int64ish(raw[:-1])
+            if number is None or not low <= number <= high:
+                self.pos = start
+                raise self.fail(f"field {key!r}: {raw[:40]!r} is out of range for a 64-bit "
+                                f"{'signed' if raw[-1] == 'i' else 'unsigned'} integer")
+            return number
         if not _FLOAT.fullmatch(raw):
             self.pos = start
             raise self.fail(f"field {key!r}: {raw[:40]!r} is not a number, boolean or "
@@ -162,5 +195,5 @@ class _Line:
         value = float(raw)
         if not math.isfinite(value):
             self.pos = start
-            raise self.fail(f"field {key!r}: {raw!r} is not a finite number")
+            raise self.fail(f"field {key!r}: {raw[:40]!r} is not a finite number")
         return value

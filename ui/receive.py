@@ -8,6 +8,14 @@ they get); pushing is their way in. Pushed data joins the scraped data's pipelin
 buffer -> store -> rules, and the SLO windows). Both endpoints want `Authorization: Bearer
 <token>` (compared in constant time, never logged), refuse bodies over `max_body`, and answer a
 mistake with a 4xx that names the field or the line, accepting nothing from a bad batch.
+
+What pushers send is outside input and must not blind or steer the guard. Timestamps must lie
+within `max_past` before and `max_future` after the agent's clock: one point stamped a day ahead
+used to end every rule window (they were pruned against the newest sample) and resolve firing
+incidents as "no data", and one past 2**63 broke every later store write. Pushed tags cannot set
+the agent's own tags (RESERVED_TAGS: `class`, `resource`, `cgroup`... steer the levers and the
+eviction ranking; `node` is always the agent's), and series, tags per point, label length,
+fields per point and field names per measurement are bounded, each with a 4xx naming the line.
 """
 
 from __future__ import annotations
@@ -17,13 +25,21 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 import zlib
 from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from starlette.concurrency import run_in_threadpool
 
 from sloguard.collectors.app_latency import AppLatencyCollector, Overloaded
@@ -36,6 +52,13 @@ from sloguard.ui.line_protocol import LineProtocolError, parse_lines
 log = logging.getLogger(__name__)
 
 MAX_VALUES = 100_000  # latencies in one observation
+MAX_PERCENTILES = 32  # precomputed percentiles in one observation
+MAX_FIELD_NAMES = 256  # distinct field names pushed per measurement (each is a store column)
+SERIES_TTL_NS = 3600 * 10**9  # a series not pushed for an hour no longer counts to max_series
+# Tags the agent's collectors set and rules, levers and the eviction ranking read: a pusher
+# setting them could make its series look like a cgroup's, an LS pod's or a resource's.
+RESERVED_TAGS = frozenset({"class", "resource", "level", "cgroup", "qos", "pod_uid",
+                           "container", "container_id", "workload", "kind", "percentile"})
 # Pushers present the receive token, not the UI's: the UI's login check lets these through.
 RECEIVE_PATHS = frozenset({"/api/v1/observations", "/api/v1/write"})
 
@@ -75,11 +98,22 @@ class ObservationIn(BaseModel):
     latency_ms: list[float] | None = Field(None, min_length=1, max_length=MAX_VALUES)
     histogram: HistogramIn | None = None
     percentiles: dict[str, float] | None = Field(
-        None, description="precomputed, e.g. {\"p99\": 12.5} (ms)")
+        None, max_length=MAX_PERCENTILES, description="precomputed, e.g. {\"p99\": 12.5} (ms)")
     requests: float | None = Field(
         None, ge=0, description="default: the number of observations")
     errors: float | None = Field(None, ge=0)
     interval_s: float | None = Field(None, gt=0, description="the span observed: gives `rate`")
+
+    @field_validator("service", "namespace", "pod", "target")
+    @classmethod
+    def _unicode(cls, value: str | None) -> str | None:
+        """JSON may escape a lone surrogate (\\ud800): no store or line protocol can hold it."""
+        if value is not None:
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise ValueError("not valid Unicode (a lone surrogate)") from None
+        return value
 
     @model_validator(mode="after")
     def _one_kind(self) -> ObservationIn:
@@ -152,10 +186,118 @@ class _Token:
         return self._cached
 
 
+class SeriesBudget:
+    """The distinct series pushed in the last hour, at most `limit` of them.
+
+    Each new series is a row of the store's series table, an entry in every matching rule
+    window and, in InfluxDB, a series of its own: a pusher inventing tag values must hit a
+    bound, not exhaust the agent's memory or the store.
+    """
+
+    def __init__(self, limit: int, ttl_ns: int = SERIES_TTL_NS) -> None:
+        self.limit = limit
+        self.ttl_ns = ttl_ns
+        self._seen: dict[tuple, int] = {}
+        self._lock = threading.Lock()
+        self._expired_ns = 0
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def admit(self, keys: list[tuple], now_ns: int) -> int | None:
+        """Record every key, or none: the index of the first key beyond the bound."""
+        with self._lock:
+            new = [i for i, key in enumerate(keys) if key not in self._seen]
+            fresh = len({keys[i] for i in new})
+            if len(self._seen) + fresh > self.limit and now_ns - self._expired_ns > 10**10:
+                self._expired_ns = now_ns  # at most every 10 s: a scan costs O(limit)
+                cutoff = now_ns - self.ttl_ns
+                self._seen = {k: t for k, t in self._seen.items() if t >= cutoff}
+            if len(self._seen) + fresh > self.limit:
+                room, counted = self.limit - len(self._seen), set()
+                for i in new:
+                    counted.add(keys[i])
+                    if len(counted) > room:
+                        return i
+            for key in keys:
+                self._seen[key] = now_ns
+            return None
+
+
+def check_time(where: str, time_ns: int | None, now_ns: int, cfg: Any) -> int:
+    """The sample's time: `now_ns` when none is given; ValueError outside the accepted window."""
+    if time_ns is None:
+        return now_ns
+    ahead = (time_ns - now_ns) / 1e9
+    if ahead > cfg.max_future:
+        raise ValueError(f"{where}: timestamp {time_ns} is {ahead:.0f} s ahead of the agent's "
+                         f"clock (receive.max_future: {cfg.max_future:g}s)")
+    if -ahead > cfg.max_past:
+        raise ValueError(f"{where}: timestamp {time_ns} is {-ahead:.0f} s behind the agent's "
+                         f"clock (receive.max_past: {cfg.max_past:g}s)")
+    return time_ns
+
+
 def receive_router(collector: AppLatencyCollector, cfg: Any, node: str) -> APIRouter:
     router = APIRouter(prefix="/api/v1", tags=["receive"])
     token = _Token(cfg)
     allowed = set(cfg.measurements)
+    series = SeriesBudget(cfg.max_series)
+    field_names: dict[str, set[str]] = {}
+    field_lock = threading.Lock()
+
+    def refuse(endpoint: str, reason: str, status: int, message: str) -> HTTPException:
+        collector.reject(endpoint, reason)
+        return HTTPException(status, message)
+
+    def check_point(where: str, point: Any) -> None:
+        """Tags and fields of one line within the bounds (400 naming the line and tag)."""
+        limit = cfg.max_label_length
+        if len(point.tags) > cfg.max_tags:
+            raise refuse("write", "cardinality", 400, f"{where}: {len(point.tags)} tags, more "
+                         f"than receive.max_tags ({cfg.max_tags})")
+        for key, value in point.tags.items():
+            if key in RESERVED_TAGS:
+                raise refuse("write", "reserved_tag", 400, f"{where}: tag {key!r} is the "
+                             f"agent's own and cannot be pushed (reserved: "
+                             f"{', '.join(sorted(RESERVED_TAGS))})")
+            if len(key) > limit or len(value) > limit:
+                raise refuse("write", "cardinality", 400, f"{where}: tag {key[:40]!r} is longer "
+                             f"than receive.max_label_length ({limit} characters)")
+        if len(point.fields) > cfg.max_fields:
+            raise refuse("write", "cardinality", 400, f"{where}: {len(point.fields)} fields, "
+                         f"more than receive.max_fields ({cfg.max_fields})")
+        for key in point.fields:
+            if len(key) > limit:
+                raise refuse("write", "cardinality", 400, f"{where}: field {key[:40]!r} is "
+                             f"longer than receive.max_label_length ({limit} characters)")
+
+    def admit_fields(endpoint: str, samples: list[Sample], where: list[str],
+                     status: int) -> None:
+        """Each new field name is a column of the store: a bounded number per measurement."""
+        with field_lock:
+            added: dict[str, set[str]] = {}
+            for sample, place in zip(samples, where, strict=True):
+                known = field_names.get(sample.measurement, set())
+                extra = added.setdefault(sample.measurement, set())
+                for key in sample.fields:
+                    if key in known or key in extra:
+                        continue
+                    if len(known) + len(extra) >= MAX_FIELD_NAMES:
+                        raise refuse(endpoint, "cardinality", status, f"{place}: field "
+                                     f"{key[:40]!r} would be field name number "
+                                     f"{MAX_FIELD_NAMES + 1} of {sample.measurement!r} pushed "
+                                     f"here (at most {MAX_FIELD_NAMES})")
+                    extra.add(key)
+            for measurement, names in added.items():
+                field_names.setdefault(measurement, set()).update(names)
+
+    def admit_series(endpoint: str, keys: list[tuple], where: list[str], now_ns: int,
+                     status: int) -> None:
+        beyond = series.admit(keys, now_ns)
+        if beyond is not None:
+            raise refuse(endpoint, "cardinality", status, f"{where[beyond]}: a new series beyond "
+                         f"receive.max_series ({cfg.max_series} series pushed in the last hour)")
 
     async def authorized_body(request: Request, endpoint: str) -> bytes:
         header = request.headers.get("authorization", "")
@@ -206,7 +348,7 @@ def receive_router(collector: AppLatencyCollector, cfg: Any, node: str) -> APIRo
         raw = await authorized_body(request, "observations")
         try:
             document = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # [[[[... nests deep
             collector.reject("observations", "bad_json")
             raise HTTPException(400, f"body is not JSON: {exc}") from None
         try:
@@ -216,9 +358,12 @@ def receive_router(collector: AppLatencyCollector, cfg: Any, node: str) -> APIRo
             raise HTTPException(422, _problems(exc)) from None
         now = time.time_ns()
         samples, batches = [], []
-        for item in batch.observations:
+        for index, item in enumerate(batch.observations):
+            try:
+                when = check_time(f"observations.{index}.time_ns", item.time_ns, now, cfg)
+            except ValueError as exc:
+                raise refuse("observations", "timestamp", 422, str(exc)) from None
             latency = item.batch()
-            when = item.time_ns or now
             tags = {"node": node, "service": item.service, "target": item.target or "push",
                     "class": item.class_}
             if item.namespace:
@@ -231,6 +376,9 @@ def receive_router(collector: AppLatencyCollector, cfg: Any, node: str) -> APIRo
                 fields["slo_latency_ms"] = float(slo.latency_ms)
             samples.append(Sample("app_latency", tags, fields, when))
             batches.append((item.service, item.namespace or "", latency, when))
+        places = [f"observations.{i}" for i in range(len(samples))]
+        admit_fields("observations", samples, places, 422)
+        admit_series("observations", [_series_key(s) for s in samples], places, now, 422)
         accept("observations", samples, batches, observations=len(samples), points=0)
         return {"accepted": len(samples)}
 
@@ -255,9 +403,13 @@ def receive_router(collector: AppLatencyCollector, cfg: Any, node: str) -> APIRo
                 raise HTTPException(400, f"{where}: measurement {point.measurement!r} is not "
                                          f"accepted here (receive.measurements: "
                                          f"{', '.join(sorted(allowed))})")
+            check_point(where, point)
+            try:
+                when = check_time(where, point.time_ns, now, cfg)
+            except ValueError as exc:
+                raise refuse("write", "timestamp", 400, str(exc)) from None
             tags = {**point.tags, "node": node}
             fields: dict[str, Any] = dict(point.fields)
-            when = point.time_ns or now
             if point.measurement == "app_latency":
                 fields = _app_latency_fields(where, point.tags, point.fields)
                 tags.setdefault("target", "push")
@@ -267,10 +419,17 @@ def receive_router(collector: AppLatencyCollector, cfg: Any, node: str) -> APIRo
                     requests=fields.get("requests", 0.0), errors=fields.get("errors"))
                 batches.append((tags["service"], tags.get("namespace", ""), batch, when))
             samples.append(Sample(point.measurement, tags, fields, when))
+        places = [f"line {p.line}" for p in points]
+        admit_fields("write", samples, places, 400)
+        admit_series("write", [_series_key(s) for s in samples], places, now, 400)
         accept("write", samples, batches, observations=0, points=len(samples))
         return Response(status_code=204)
 
     return router
+
+
+def _series_key(sample: Sample) -> tuple:
+    return (sample.measurement, *sorted(sample.tags.items()))
 
 
 def _is_percentile(name: str) -> bool:

@@ -47,6 +47,42 @@ CREATE TABLE IF NOT EXISTS fields (
 _SQL_AGG = {"mean": "AVG", "min": "MIN", "max": "MAX", "sum": "SUM", "count": "COUNT"}
 _DELETE_BATCH = 50_000
 FREE_SPACE_RESERVE = 256 * 1024**2  # or 5% of the filesystem, whichever is larger
+MAX_FIELDS = 1000  # columns of one measurement's table (SQLite allows 2000 in all)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_STORABLE = (float, str, bool, type(None))
+_UNBOUNDED = frozenset(_STORABLE)  # types SQLite binds whatever their value
+# What retrying can fix (the database, not the sample): the agent keeps the batch for later.
+_RETRYABLE = (sqlite3.OperationalError, sqlite3.DatabaseError, sqlite3.InternalError)
+
+
+class _Unstorable(Exception):
+    """A sample SQLite cannot take (a value or time out of range, a type it cannot bind)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def unstorable(sample: Sample) -> tuple[str, str] | None:
+    """Why the store cannot take `sample` (reason, message), or None when it can.
+
+    SQLite's bindings raise OverflowError or TypeError, not sqlite3.Error, for such values: the
+    write used to leave its transaction open, and every later write failed with "cannot start a
+    transaction within a transaction". Only a batch that failed is screened (sample by sample,
+    as it is halved): checking every sample up front cost a fifth of a write.
+    """
+    time_ns = sample.time_ns
+    if type(time_ns) is not int or not INT64_MIN <= time_ns <= INT64_MAX:
+        return "timestamp", f"time {time_ns!r} is not a 64-bit integer of nanoseconds"
+    if _UNBOUNDED.issuperset(map(type, sample.fields.values())):
+        return None  # floats, strings, booleans: the common case, one pass in C
+    for name, value in sample.fields.items():
+        if type(value) is int:
+            if not INT64_MIN <= value <= INT64_MAX:
+                return "value", f"field {name!r}: {value} does not fit 64 bits"
+        elif not isinstance(value, _STORABLE):
+            return "value", f"field {name!r}: a {type(value).__name__} cannot be stored"
+    return None
 
 
 class _Catalog:
@@ -102,6 +138,7 @@ class EmbeddedStore:
         self._fast_ids: dict[tuple, int] = {}  # (measurement, tag items as given) -> series id
         self._last_error = ""
         self.rows_written = 0
+        self.rejected: dict[str, int] = {}  # samples dropped by reason (timestamp, value, ...)
 
     def _connect(self) -> sqlite3.Connection:
         try:
@@ -116,42 +153,86 @@ class EmbeddedStore:
     # -- writing -------------------------------------------------------------------------
 
     def write(self, samples: list[Sample]) -> None:
+        """Write a batch atomically; a sample SQLite cannot take (a time or integer past 64
+        bits, a type it cannot bind, a field beyond MAX_FIELDS) is dropped and counted
+        (`rejected`), never kept to poison the batches after it. StoreError (nothing written,
+        the caller keeps the batch) only for what retrying can fix: a lock, a full disk."""
         if not samples:
             return
         with self._write_lock:
-            conn, catalog = self._writer, self._catalog
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                # measurement -> field names (in order) -> rows
-                groups: dict[str, dict[tuple[str, ...], list[tuple]]] = defaultdict(
-                    lambda: defaultdict(list))
-                for sample in samples:
-                    sid = self._series_id(conn, sample)
-                    self._last_seen[sid] = sample.time_ns
-                    names = tuple(sample.fields)
-                    groups[sample.measurement][names].append(
-                        (sid, sample.time_ns, *sample.fields.values()))
-                rows = 0
-                for measurement, by_fields in groups.items():
-                    table = self._table(conn, measurement)
-                    for names, values in by_fields.items():
-                        cols = [self._column(conn, measurement, table, n) for n in names]
-                        marks = ",".join("?" * (len(cols) + 2))
-                        conn.executemany(
-                            f"INSERT INTO {table} (series_id, ts{''.join(',' + c for c in cols)})"
-                            f" VALUES ({marks})", values,
-                        )
-                        rows += len(values)
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if conn.in_transaction:
+            self._write_isolating(samples)
+
+    def _reject(self, reason: str, message: str, sample: Sample) -> None:
+        first = reason not in self.rejected
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        (log.warning if first else log.debug)(
+            "embedded store: dropped a %s sample (%s; counted in rejected[%s])",
+            sample.measurement[:100], message[:300], reason)
+
+    def _write_isolating(self, samples: list[Sample]) -> None:
+        """Write `samples`; when one of them cannot be written, halve the batch until it is
+        found (a few transactions per bad sample, not one per sample)."""
+        if not samples:
+            return
+        try:
+            self._write_batch(samples)
+        except _Unstorable as exc:
+            if len(samples) == 1:
+                self._reject(*(unstorable(samples[0]) or (exc.reason, str(exc))), samples[0])
+                return
+            middle = len(samples) // 2
+            self._write_isolating(samples[:middle])
+            self._write_isolating(samples[middle:])
+
+    def _write_batch(self, samples: list[Sample]) -> None:
+        """One transaction, committed whole or rolled back whole: _Unstorable when a sample is
+        to blame (the caller halves the batch), StoreError when the database is."""
+        conn, catalog = self._writer, self._catalog
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            # measurement -> field names (in order) -> rows
+            groups: dict[str, dict[tuple[str, ...], list[tuple]]] = defaultdict(
+                lambda: defaultdict(list))
+            seen: dict[int, int] = {}
+            for sample in samples:
+                sid = self._series_id(conn, sample)
+                seen[sid] = sample.time_ns
+                names = tuple(sample.fields)
+                groups[sample.measurement][names].append(
+                    (sid, sample.time_ns, *sample.fields.values()))
+            rows = 0
+            for measurement, by_fields in groups.items():
+                table = self._table(conn, measurement)
+                for names, values in by_fields.items():
+                    cols = [self._column(conn, measurement, table, n) for n in names]
+                    marks = ",".join("?" * (len(cols) + 2))
+                    conn.executemany(
+                        f"INSERT INTO {table} (series_id, ts{''.join(',' + c for c in cols)})"
+                        f" VALUES ({marks})", values,
+                    )
+                    rows += len(values)
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            # Whatever went wrong, the transaction must not outlive this call.
+            if conn.in_transaction:
+                try:
                     conn.execute("ROLLBACK")
-                catalog.reset(conn)  # entries created by the failed transaction are gone
-                self._fast_ids.clear()
+                except sqlite3.Error as rollback:
+                    log.error("embedded store: rollback failed: %s", rollback)
+            catalog.reset(conn)  # entries created by the failed transaction are gone
+            self._fast_ids.clear()
+            if isinstance(exc, _Unstorable) or not isinstance(exc, Exception):
+                raise
+            if type(exc) in _RETRYABLE or (  # locked, busy, disk full or I/O: keep the batch
+                    isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc)):
                 self._last_error = f"write failed: {exc}"
                 raise StoreError(f"{self.path}: {exc}") from exc
-            self.rows_written += rows
-            self._last_error = ""
+            # a value SQLite cannot bind (OverflowError, TypeError, UnicodeEncodeError,
+            # sqlite3.ProgrammingError...), found the hard way: find the sample, drop it
+            raise _Unstorable("value", f"{exc.__class__.__name__}: {exc}") from exc
+        self._last_seen.update(seen)
+        self.rows_written += rows
+        self._last_error = ""
 
     def _series_id(self, conn: sqlite3.Connection, sample: Sample) -> int:
         fast = (sample.measurement, *sample.tags.items())
@@ -186,6 +267,9 @@ class EmbeddedStore:
         columns = self._catalog.columns[measurement]
         col = columns.get(name)
         if col is None:
+            if len(columns) >= MAX_FIELDS:
+                raise _Unstorable("fields", f"{measurement!r} has {MAX_FIELDS} fields already; "
+                                  f"a new one ({name[:100]!r}) would not fit")
             col = f"f{len(columns) + 1}"
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {col}")
             conn.execute("INSERT INTO fields VALUES (?, ?, ?)",
@@ -345,7 +429,8 @@ class EmbeddedStore:
     def status(self) -> ComponentStatus:
         return ComponentStatus(
             "store:embedded", ok=not self._last_error, reason=self._last_error,
-            details={"path": str(self.path), "rows_written": self.rows_written},
+            details={"path": str(self.path), "rows_written": self.rows_written,
+                     "rejected_samples": dict(self.rejected)},
         )
 
     def close(self) -> None:
