@@ -91,6 +91,10 @@ class Ladder:
         self._quiet: set[tuple[str, int]] = set()  # (policy, rung) held while recovering
         self._edited: set[tuple[str, int]] = set()  # (policy, rung) another step holds now
         self._pending: set[tuple[str, int]] = set()  # (policy, rung) whose outcome is unknown
+        # timers: monotonic time anchored at the first tick to the wall time then; labels:
+        # wall time, `_skew` ahead of the timers (what the wall clock was stepped since start)
+        self._anchor: int | None = None
+        self._skew = 0
         # Steps that talk to the API server (`remote`) run on their own worker when
         # `background`: a slow or hanging apiserver must not stall collection and evaluation
         # (nor the local levers). Their outcome is settled on this thread, at the next tick.
@@ -115,7 +119,17 @@ class Ladder:
 
     # -- one tick ------------------------------------------------------------------------------
 
-    def tick(self, now_ns: int, firing: list[Incident]) -> None:
+    def tick(self, now_ns: int, firing: list[Incident], mono_ns: int | None = None) -> None:
+        """One step of every policy. `now_ns` is wall time, a label (audit, incidents, what
+        steps write); with `mono_ns`, every timer (holds, retries, repeats, undo holds, the
+        relapse window) runs on the monotonic clock instead, carried in the ledger as wall
+        time anchored at start: a wall clock stepped an hour either way neither takes every
+        rung at once nor holds the node cordoned for an hour."""
+        if mono_ns is not None:
+            if self._anchor is None:
+                self._anchor = now_ns - mono_ns
+            timer_ns = mono_ns + self._anchor
+            self._skew, now_ns = now_ns - timer_ns, timer_ns
         by_policy: dict[str, list[Incident]] = defaultdict(list)
         for incident in firing:
             if incident.policy:
@@ -284,7 +298,8 @@ class Ladder:
         will not (unavailable here, nothing to do, failed for good) has no effect to wait for,
         so the next lever follows at once."""
         k = rows[-1].rung + 1 if rows else 0
-        base = rows[-1].applied_ns if rows else min(i.fired_ns or i.started_ns for i in firing)
+        base = rows[-1].applied_ns if rows else min(
+            i.fired_ns or i.started_ns for i in firing) - self._skew  # a label, as a timer
         previous = f"{rows[-1].kind} did not end it" if rows else "first rung"
         lever_groups: set[int] = set()  # suppress steps that had a lever applied in this tick
         no_effect: int | None = None  # the suppress step whose last lever changed nothing
@@ -298,7 +313,8 @@ class Ladder:
             if not crossing:  # held, not restarted: `after` still counts from `base`
                 if (policy.name, k) not in self._quiet:
                     self._quiet.add((policy.name, k))
-                    quiet_s = (now_ns - max(i.quiet_since_ns or now_ns for i in firing)) / 1e9
+                    wall = now_ns + self._skew
+                    quiet_s = (wall - max(i.quiet_since_ns or wall for i in firing)) / 1e9
                     log.info("policy %s: holding before %s: no incident under it has crossed "
                              "for %.0fs (recovering, or in its rule's hysteresis band)",
                              policy.name, rung.spec.step, quiet_s)
@@ -312,7 +328,7 @@ class Ladder:
                 return
             self._held.discard((policy.name, k))
             driver = self._driver(crossing)
-            since = (now_ns - (driver.fired_ns or driver.started_ns)) / 1e9
+            since = (now_ns + self._skew - (driver.fired_ns or driver.started_ns)) / 1e9
             reason = (f"{driver.rule} firing for {since:.0f}s; {previous}; rung "
                       f"{k + 1}/{len(rungs)} of policy {policy.name}")
             result = self._apply(policy, rung, driver, now_ns, 1, reason)
@@ -374,8 +390,8 @@ class Ladder:
     def _context(self, incident_id: str, dry_run: bool, now_ns: int, reason: str,
                  resource: str = "", intend: Callable[[dict[str, Any]], None] | None = None
                  ) -> StepContext:
-        ctx = StepContext(self.node, now_ns, dry_run, incident_id, reason, self.inventory,
-                          resource)
+        ctx = StepContext(self.node, now_ns + self._skew, dry_run, incident_id, reason,
+                          self.inventory, resource)
         if intend is not None:
             ctx.intend = intend
         return ctx
@@ -517,7 +533,8 @@ class Ladder:
         in force that the ledger does not know of) and the error goes up."""
         if dry_run is None:
             dry_run = row.dry_run or (action == "undo" and row.status == PROPOSED)
-        entry = AuditEntry(now_ns, self.node, row.incident, row.policy, row.rung, row.kind,
+        entry = AuditEntry(now_ns + self._skew, self.node, row.incident, row.policy, row.rung,
+                           row.kind,
                            action, dry_run, result.status, result.target, result.detail, reason)
         try:
             self.ledger.settle(put=put, remove=(row.policy, row.rung) if remove else None,
@@ -634,7 +651,7 @@ class Ladder:
                 self._pending.add((intent.policy, intent.rung))
                 return
             if result.status != DONE:
-                entry = AuditEntry(now_ns, self.node, intent.incident, intent.policy,
+                entry = AuditEntry(now_ns + self._skew, self.node, intent.incident, intent.policy,
                                    intent.rung, intent.kind, "apply", False, SKIPPED,
                                    result.target, result.detail, reason)
                 self.ledger.settle(audit=entry, intent_done=(intent.policy, intent.rung))
@@ -686,8 +703,8 @@ class Ladder:
         if action == "undo" and status == DONE:
             status = UNDONE
         step = kind if action == "apply" else f"undo {kind}"
-        incident.actions.append(ActionRecord(now_ns, step, result.target, dry_run, status,
-                                             result.detail))
+        incident.actions.append(ActionRecord(now_ns + self._skew, step, result.target, dry_run,
+                                             status, result.detail))
         self.save_incident(incident)
 
     # -- what worked ---------------------------------------------------------------------------
@@ -696,7 +713,7 @@ class Ladder:
         limit = int(policy.spec.stale_after * 1e9)
         for incident in firing:
             times = [e.time_ns for e in incident.evidence if e.value is not None]
-            if times and now_ns - max(times) <= limit:
+            if times and now_ns + self._skew - max(times) <= limit:  # sample times: labels
                 return True
         return False
 

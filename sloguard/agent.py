@@ -339,7 +339,7 @@ class Agent:
             self._reload_rules()
         self.engine.evaluate(now_ns)
         try:
-            self.ladder.tick(now_ns, self.engine.firing())
+            self.ladder.tick(now_ns, self.engine.firing(), time.monotonic_ns())
         except Exception:  # recorded per step; this is the ladder's own bug, never the loop's
             log.exception("escalation ladder failed")
         if self.alerting.enabled:
