@@ -7,6 +7,7 @@ not hold up the timers of the others.
 from __future__ import annotations
 
 import asyncio
+import re
 from concurrent.futures import Executor
 from http import HTTPStatus
 
@@ -61,9 +62,11 @@ def _read(text: str, content_type: str, spec: ReadSpec) -> Reading:
 
 
 def _where(text: str, message: str) -> str:
-    """The line number of the line the parser quoted, when it can be found."""
+    """The number of the line the parser's message quotes (it quotes a line or a part)."""
+    fragments = [f for f in re.findall(r"'([^']{2,})'|\"([^\"]{2,})\"", message) for f in f if f]
+    fragments = [f.strip() for f in fragments if f.strip()]
     for number, line in enumerate(text.splitlines(), 1):
-        if line.strip() and line.strip()[:60] in message:
+        if line.strip() and any(f in line or line.strip() in f for f in fragments):
             return f"line {number} does not parse as Prometheus text or OpenMetrics"
     return "the page does not parse as Prometheus text or OpenMetrics"
 
