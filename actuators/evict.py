@@ -28,7 +28,13 @@ from typing import Any, ClassVar
 
 from sloguard.actuators.env import ActuatorEnv
 from sloguard.actuators.kube_step import KubeStep
-from sloguard.actuators.kubeapi import api_status, describe, emit_node_event, transient
+from sloguard.actuators.kubeapi import (
+    NotThisNode,
+    api_status,
+    describe,
+    emit_node_event,
+    transient,
+)
 from sloguard.actuators.step import (
     BE,
     DONE,
@@ -294,6 +300,9 @@ class Evict(KubeStep):
                     continue
                 if status == 409:  # the uid precondition: a namesake replaced the ranked pod
                     blocked.append(f"{candidate.ref}: replaced by a new pod since the ranking")
+                    continue
+                if isinstance(exc, NotThisNode):  # re-read just before: bound elsewhere now
+                    blocked.append(f"{candidate.ref}: {exc}")
                     continue
                 undo["not_evicted"] = blocked
                 return self._failed(exc, f"evicting {candidate.ref}", ranking, undo)
