@@ -118,6 +118,10 @@ class AppLatencyCollector:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the scraper thread, once: a second thread would scrape every target twice
+        and take over the first one's wake-up event (which then dies on it)."""
+        if self._thread is not None:
+            return
         self._thread = threading.Thread(target=self._run_loop, name="app-latency", daemon=True)
         self._thread.start()
 

@@ -250,3 +250,28 @@ def test_ls_labels_count_only_in_trusted_namespaces(tmp_path):
     config.write_text("collectors:\n  cgroups:\n    trusted_namespaces: [prod, ''] \n")
     with pytest.raises(Exception, match=r"trusted_namespaces.1"):
         load_settings(config)
+
+
+def test_the_agent_starts_one_scraper_thread(tmp_path, caplog):
+    """Agent.start() starts its collectors, the app-latency one among them, and then the
+    app-latency collector once more: two threads scraped every target twice, and the second
+    took over the first one's wake-up event (the first then died on it)."""
+    import threading
+
+    from sloguard.agent import Agent
+    from sloguard.config import load_settings
+
+    config = tmp_path / "c.yaml"
+    config.write_text(f"node_name: n1\ndata_dir: {tmp_path / 'data'}\n"
+                      "collectors:\n  node: {enabled: false}\n  cgroups: {enabled: false}\n"
+                      "app_latency:\n  probes:\n    - {service: s, kind: tcp, "
+                      "address: '127.0.0.1:9', interval: 0.2}\n")
+    agent = Agent(load_settings(config).settings)
+    agent.start()
+    try:
+        scrapers = [t for t in threading.enumerate() if t.name == "app-latency"]
+        time.sleep(2.5)  # past a round of target discovery (RESOLVE_S) in each thread
+        assert len(scrapers) == 1, scrapers
+        assert "scraper stopped" not in caplog.text
+    finally:
+        agent.stop()
