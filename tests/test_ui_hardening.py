@@ -189,3 +189,28 @@ def test_far_future_silence_ends_are_refused_by_name(tmp_path):
                           headers=BEARER, timeout=10)
         assert fine.status_code == 201, fine.text
         assert httpx.get(f"{url}/silences", timeout=10).status_code == 200
+
+
+def test_wrong_ingest_tokens_are_rate_limited_too(tmp_path, caplog):
+    from fastapi.testclient import TestClient
+
+    from sloguard.cluster import ClusterServer
+    from sloguard.config import load_settings
+    from sloguard.ui.app import create_app
+
+    caplog.set_level(logging.WARNING, logger="sloguard.ui.auth")
+    config = tmp_path / "server.yaml"
+    config.write_text(f"data_dir: {tmp_path / 'data'}\nui:\n  token: {TOKEN}\n"
+                      "  auth_failures_per_minute: 2\nserver:\n  ingest_token: agents-token\n")
+    server = ClusterServer(load_settings(config).settings)
+    with TestClient(create_app(server, manage_lifecycle=False),
+                    base_url="http://127.0.0.1") as client:
+        body = {"node": "n1", "incidents": [], "actions": []}
+        right = {"Authorization": "Bearer agents-token"}
+        assert client.post("/api/v1/ingest", json=body, headers=right).status_code == 200
+        for _ in range(2):
+            assert client.post("/api/v1/ingest", json=body,
+                               headers={"Authorization": "Bearer guess"}).status_code == 401
+        limited = client.post("/api/v1/ingest", json=body, headers=right)
+        assert limited.status_code == 429 and int(limited.headers["Retry-After"]) >= 1
+    assert "wrong ingest token from testclient on /api/v1/ingest" in caplog.text
