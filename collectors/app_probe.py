@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from sloguard.collectors.app_targets import Target
-from sloguard.collectors.http_client import HttpError, Networks, request, resolve
+from sloguard.collectors.http_client import HttpError, Networks, connect, request
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +74,7 @@ async def probe_tcp(target: Target, allowed: Networks = ()) -> ProbeResult:
     started = time.perf_counter()
     try:
         async with asyncio.timeout(target.timeout):
-            address = await resolve(host, int(port), allowed)
-            _, writer = await asyncio.open_connection(address, int(port))
+            _, writer = await connect(host, int(port), allowed)
     except TimeoutError:
         return ProbeResult(False, time.perf_counter() - started,
                            error=f"timed out after {target.timeout:g}s")

@@ -90,16 +90,21 @@ def forbidden(address: str, allowed: Networks = ()) -> str:
     return ""
 
 
-async def resolve(host: str, port: int, allowed: Networks = ()) -> str:
-    """The address to connect to for `host`, refused (HttpError) when any address it resolves
-    to is forbidden. The caller connects to this address, not the name again, so a DNS answer
-    that changes between the check and the connect (rebinding) cannot slip past."""
-    loop = asyncio.get_running_loop()
+async def resolve(host: str, port: int, allowed: Networks = ()) -> list[str]:
+    """The addresses to connect to for `host`, refused (HttpError) when any address it
+    resolves to is forbidden. The caller connects to these addresses, not the name again, so a
+    DNS answer that changes between the check and the connect (rebinding) cannot slip past."""
+    name = host.strip("[]")
     try:
-        infos = await loop.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise OSError(f"cannot resolve {host}: {exc.strerror}") from None
-    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+        ipaddress.ip_address(name.split("%", 1)[0])
+        addresses = [name]  # a literal address: no lookup (nor a thread for it)
+    except ValueError:  # a name: the resolver (in a thread) answers
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await loop.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise OSError(f"cannot resolve {host}: {exc.strerror}") from None
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
     for address in addresses:
         why = forbidden(address, allowed)
         if why:
@@ -107,7 +112,21 @@ async def resolve(host: str, port: int, allowed: Networks = ()) -> str:
                             "app_latency.allow_addresses if this is intended")
     if not addresses:
         raise OSError(f"cannot resolve {host}")
-    return addresses[0]
+    return addresses
+
+
+async def connect(host: str, port: int, allowed: Networks = (),
+                  **kwargs: object) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the first of `host`'s checked addresses that answers, in the
+    resolver's order (as asyncio.open_connection tries a name's addresses)."""
+    error: OSError | None = None
+    for address in await resolve(host, port, allowed):
+        try:
+            return await asyncio.open_connection(address, port, **kwargs)  # type: ignore[arg-type]
+        except OSError as exc:
+            error = exc
+    assert error is not None
+    raise error
 
 
 def _origin(url: str) -> tuple[str, str, int]:
@@ -166,9 +185,8 @@ async def _exchange(method: str, url: str, headers: dict[str, str], max_bytes: i
         raise HttpError(f"not an http(s) URL: {url[:200]!r}")
     secure = parts.scheme == "https"
     port = port or (443 if secure else 80)
-    address = await resolve(parts.hostname, port, allowed)
-    reader, writer = await asyncio.open_connection(
-        address, port, ssl=tls_context(verify, ca_file) if secure else None,
+    reader, writer = await connect(
+        parts.hostname, port, allowed, ssl=tls_context(verify, ca_file) if secure else None,
         server_hostname=parts.hostname if secure else None, limit=MAX_HEADER_BYTES)
     try:
         conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEADER_BYTES)
