@@ -68,7 +68,7 @@ class FailureLimiter:
         self._failures: OrderedDict[str, deque[float]] = OrderedDict()
         self._logged: dict[str, str] = {}  # client -> what was logged: failed | blocked
         self._lock = threading.Lock()
-        self.refused = 0  # requests refused with 429 (for tests and /metrics)
+        self.refused = 0  # requests refused with 429
         self.failed_total = 0
 
     def _recent(self, client: str, now: float) -> deque[float] | None:
@@ -217,9 +217,6 @@ class Auth:
         if scheme.lower() != "bearer":
             return False
         return bool(token) and _same(offered.strip(), token)
-
-    def _bearer_ok(self, request: Request) -> bool:
-        return self.authenticated(request)[0] == "bearer"
 
     def authenticated(self, request: Request) -> tuple[str, float]:
         """("bearer" | "session" | "", retry-after): how this request authenticated, once per
