@@ -28,7 +28,13 @@ from typing import Any, ClassVar
 
 from sloguard.actuators.env import ActuatorEnv
 from sloguard.actuators.kube_step import KubeStep
-from sloguard.actuators.kubeapi import api_status, describe, emit_node_event, transient
+from sloguard.actuators.kubeapi import (
+    NotThisNode,
+    api_status,
+    describe,
+    emit_node_event,
+    transient,
+)
 from sloguard.actuators.step import (
     BE,
     DONE,
@@ -295,6 +301,9 @@ class Evict(KubeStep):
                 self._evict(candidate, version)
             except Exception as exc:
                 status = api_status(exc)
+                if isinstance(exc, NotThisNode):  # re-read just before: bound elsewhere now
+                    blocked.append(f"{candidate.ref}: {exc}")
+                    continue
                 if status not in (404, 409, 429):
                     # the server may have taken it and the reply been lost (a timeout, a
                     # dropped connection, a 5xx from a proxy): the pod says which
@@ -342,13 +351,9 @@ class Evict(KubeStep):
     def evicted(self, namespace: str, name: str, uid: str) -> str:
         """How the pod shows it was evicted ('' when it was not): gone, replaced by a namesake,
         or terminating."""
-        # a list by name, not a get: the shipped RBAC lets the agent list pods, not read one
-        found = self._api().list_namespaced_pod(
-            namespace, field_selector=f"metadata.name={name}",
-            _request_timeout=self.env.request_timeout_s).items
-        if not found:
+        pod = self._api().find_pod(name, namespace, self.env.request_timeout_s)
+        if pod is None:
             return "gone"
-        pod = found[0]
         if uid and pod.metadata.uid != uid:
             return "gone (a new pod has its name)"
         if pod.metadata.deletion_timestamp is not None:

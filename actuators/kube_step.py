@@ -1,6 +1,7 @@
 """What every step that acts through the Kubernetes API shares: it needs the API configured,
-acts on this node, and builds its client on first use (a node whose policies never reach it
-never loads the kubernetes package)."""
+acts on this node only (its client is kubeapi.OwnNodeApi, which refuses any other node), and
+builds its client on first use (a node whose policies never reach it never loads the
+kubernetes package)."""
 
 from __future__ import annotations
 
@@ -29,5 +30,7 @@ class KubeStep:
         if self._core is None:
             from kubernetes import client
 
-            self._core = client.CoreV1Api(self.env.kube())
+            from sloguard.actuators.kubeapi import OwnNodeApi
+
+            self._core = OwnNodeApi(client.CoreV1Api(self.env.kube()), self.env.node)
         return self._core

@@ -37,6 +37,7 @@ from sloguard.collectors.app_probe import ProbeResult, describe, probe_http, pro
 from sloguard.collectors.app_scrape import ScrapeError, scrape
 from sloguard.collectors.app_targets import Target, targets_from_config, targets_from_pods
 from sloguard.collectors.exposition import ExpositionError, Reading, interval
+from sloguard.collectors.http_client import networks
 from sloguard.collectors.latency import LatencyBatch
 from sloguard.collectors.slo_window import SloTracker
 from sloguard.health import ComponentStatus
@@ -88,13 +89,16 @@ class AppLatencyCollector:
     name = "app_latency"
 
     def __init__(self, node: str, cfg: Any, slos: list[Any], pods: Any = None,
-                 class_label: str = "koordinator.sh/qosClass", registry: Any = None) -> None:
+                 class_label: str = "koordinator.sh/qosClass", registry: Any = None,
+                 trusted_namespaces: list[str] | None = None) -> None:
         self.node = node
         self.cfg = cfg
         self.slo = SloTracker(slos)
         self.pods = pods if cfg.pods.enabled else None
         self.class_label = class_label
+        self.trusted_namespaces = trusted_namespaces
         self.static = targets_from_config(cfg)
+        self.allowed = networks(getattr(cfg, "allow_addresses", ()) or ())
         self._lock = threading.Lock()
         self._pending: deque[Sample] = deque()
         self._status: dict[str, TargetStatus] = {}
@@ -114,6 +118,10 @@ class AppLatencyCollector:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the scraper thread, once: a second thread would scrape every target twice
+        and take over the first one's wake-up event (which then dies on it)."""
+        if self._thread is not None:
+            return
         self._thread = threading.Thread(target=self._run_loop, name="app-latency", daemon=True)
         self._thread.start()
 
@@ -204,7 +212,8 @@ class AppLatencyCollector:
         targets = list(self.static)
         problems: list[str] = []
         if self.pods is not None:
-            found, problems = targets_from_pods(self.pods.pods(), self.cfg, self.class_label)
+            found, problems = targets_from_pods(self.pods.pods(), self.cfg, self.class_label,
+                                                self.trusted_namespaces)
             targets.extend(found)
         with self._lock:
             self._discovery = problems
@@ -303,7 +312,7 @@ class AppLatencyCollector:
         error = ""
         try:
             async with asyncio.timeout(target.timeout):
-                reading = await scrape(target, self.cfg.max_response, pool)
+                reading = await scrape(target, self.cfg.max_response, pool, self.allowed)
         except TimeoutError:
             error = f"timed out after {target.timeout:g}s"
         except (ScrapeError, ExpositionError) as exc:
@@ -326,17 +335,18 @@ class AppLatencyCollector:
         if batch is None:
             return
         fields = batch.fields()
-        slo = self.slo.find(target.service, target.namespace)
+        from_pod = target.source != "config"  # a pod's annotations: its own namespace only
+        slo = self.slo.find(target.service, target.namespace, from_pod)
         if slo is not None:
             fields["slo_latency_ms"] = float(slo.latency_ms)
         self._push([Sample("app_latency", target.tags(self.node), fields, now_ns)])
-        self.slo.add(target.service, target.namespace, batch, now_ns)
+        self.slo.add(target.service, target.namespace, batch, now_ns, from_pod)
 
     async def _probe(self, target: Target) -> None:
         if target.kind == "http":
-            result = await probe_http(target)
+            result = await probe_http(target, allowed=self.allowed)
         else:
-            result = await probe_tcp(target)
+            result = await probe_tcp(target, self.allowed)
         self._record(target, result.error, result.seconds)
         with self._lock:
             status = self._status.get(target.key)

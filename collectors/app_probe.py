@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from sloguard.collectors.app_targets import Target
-from sloguard.collectors.http_client import HttpError, request
+from sloguard.collectors.http_client import HttpError, Networks, connect, request
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,14 +47,16 @@ def describe(exc: BaseException) -> str:
     return f"{exc.__class__.__name__}: {text}"[:300]
 
 
-async def probe_http(target: Target, max_bytes: int = 1024**2) -> ProbeResult:
+async def probe_http(target: Target, max_bytes: int = 1024**2,
+                     allowed: Networks = ()) -> ProbeResult:
     """One request on a new connection; success when the status is expected (default 200-399)
     within the timeout. The latency runs until the whole answer is read."""
     started = time.perf_counter()
     try:
         async with asyncio.timeout(target.timeout):
             response = await request(target.method, target.url, max_bytes=max_bytes,
-                                     verify=target.tls_verify, ca_file=target.ca_file)
+                                     verify=target.tls_verify, ca_file=target.ca_file,
+                                     allowed=allowed)
     except TimeoutError:
         return ProbeResult(False, time.perf_counter() - started,
                            error=f"timed out after {target.timeout:g}s")
@@ -66,17 +68,17 @@ async def probe_http(target: Target, max_bytes: int = 1024**2) -> ProbeResult:
     return ProbeResult(expected, seconds, code, "" if expected else f"unexpected status {code}")
 
 
-async def probe_tcp(target: Target) -> ProbeResult:
+async def probe_tcp(target: Target, allowed: Networks = ()) -> ProbeResult:
     """A TCP connect (and close): success when the handshake completes within the timeout."""
     host, _, port = target.url.rpartition(":")
     started = time.perf_counter()
     try:
         async with asyncio.timeout(target.timeout):
-            _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+            _, writer = await connect(host, int(port), allowed)
     except TimeoutError:
         return ProbeResult(False, time.perf_counter() - started,
                            error=f"timed out after {target.timeout:g}s")
-    except OSError as exc:
+    except (HttpError, OSError) as exc:
         return ProbeResult(False, time.perf_counter() - started, error=describe(exc))
     seconds = time.perf_counter() - started
     writer.close()

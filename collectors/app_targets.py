@@ -110,8 +110,8 @@ def service_of(pod: PodMeta) -> str:
     return pod.name
 
 
-def targets_from_pods(pods: list[PodMeta], cfg: Any,
-                      class_label: str) -> tuple[list[Target], list[str]]:
+def targets_from_pods(pods: list[PodMeta], cfg: Any, class_label: str,
+                      trusted: list[str] | None = None) -> tuple[list[Target], list[str]]:
     """Scrape targets of annotated running pods, and what is wrong with the annotations of the
     pods that asked to be scraped but cannot be."""
     targets, problems = [], []
@@ -147,7 +147,7 @@ def targets_from_pods(pods: list[PodMeta], cfg: Any,
             kind="scrape", service=notes.get(PREFIX + "service", "").strip() or service_of(pod),
             url=f"{scheme}://{host}:{port}{path}", interval=interval,
             timeout=_timeout(None, cfg.timeout, interval), namespace=pod.namespace,
-            pod=pod.name, class_=pod_class(pod, "", class_label), source=where,
+            pod=pod.name, class_=pod_class(pod, "", class_label, trusted), source=where,
             read=_read_spec(cfg, cfg.errors, notes.get(PREFIX + "metric", "").strip() or None),
             tls_verify=cfg.pods.tls_verify, ca_file=cfg.pods.ca_file))
     return targets, problems

@@ -303,7 +303,8 @@ class CgroupCollector:
                     tags["pod"], tags["namespace"] = meta.name, meta.namespace
                     if pod.container_id in meta.containers:
                         tags["container"] = meta.containers[pod.container_id]
-                tags["class"] = pod_class(meta, pod.qos, self.config.class_label)
+                tags["class"] = pod_class(meta, pod.qos, self.config.class_label,
+                                          self.config.trusted_namespaces)
             elif pod.level == "qos":
                 tags["class"] = "BE" if pod.qos == "besteffort" else "LS"
             if pod.container_id:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,12 +37,23 @@ class PodMeta:
     ports: tuple[int, ...] = ()  # declared container ports, in order
 
 
-def pod_class(meta: PodMeta | None, qos_from_path: str, class_label: str) -> str:
-    """LS or BE: the co-location label first, else the Kubernetes QoS tier (BestEffort is BE)."""
+def pod_class(meta: PodMeta | None, qos_from_path: str, class_label: str,
+              trusted: Collection[str] | None = None) -> str:
+    """LS or BE: the co-location label first, else the Kubernetes QoS tier (BestEffort is BE).
+
+    Whoever may create a pod may label it LS, and an LS pod's suffering is what drives the
+    ladder against the BE pods of others. With `trusted` (collectors.cgroups.
+    trusted_namespaces), an LS label counts only in those namespaces; elsewhere the QoS tier
+    decides, as if there were no label. A BE label is honoured everywhere (claiming less
+    protection harms no one else).
+    """
     if meta is not None:
         label = meta.labels.get(class_label)
         if label:
-            return "BE" if label.upper() in BE_CLASSES else "LS"
+            if label.upper() in BE_CLASSES:
+                return "BE"
+            if trusted is None or meta.namespace in trusted:
+                return "LS"
         if meta.qos_class:
             return "BE" if meta.qos_class == "BestEffort" else "LS"
     return "BE" if qos_from_path == "besteffort" else "LS"

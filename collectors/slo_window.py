@@ -34,26 +34,32 @@ class SloTracker:
         self._entries: list[deque[tuple[int, LatencyBatch]]] = [deque() for _ in self.slos]
         self._dirty: set[int] = set()
 
-    def find(self, service: str, namespace: str = "") -> Any | None:
-        """The SLO of a service: one naming its namespace first, else one for any namespace."""
-        index = self._index(service, namespace)
+    def find(self, service: str, namespace: str = "", own_namespace: bool = False) -> Any | None:
+        """The SLO of a service: one naming its namespace first, else one for any namespace.
+
+        With `own_namespace` (data from a pod's annotations, which any tenant who can create a
+        pod writes), only an SLO naming that namespace: a pod cannot feed another team's SLO,
+        nor one for any namespace, by calling itself their service.
+        """
+        index = self._index(service, namespace, own_namespace)
         return None if index is None else self.slos[index]
 
-    def _index(self, service: str, namespace: str) -> int | None:
+    def _index(self, service: str, namespace: str, own_namespace: bool = False) -> int | None:
         fallback = None
         for i, slo in enumerate(self.slos):
             if slo.service != service:
                 continue
             if slo.namespace and slo.namespace == namespace:
                 return i
-            if slo.namespace is None and fallback is None:
+            if slo.namespace is None and fallback is None and not own_namespace:
                 fallback = i
         return fallback
 
-    def add(self, service: str, namespace: str, batch: LatencyBatch, time_ns: int) -> None:
+    def add(self, service: str, namespace: str, batch: LatencyBatch, time_ns: int,
+            own_namespace: bool = False) -> None:
         """One batch of the service; the window is pruned against the agent's clock, never
         `time_ns`: a pushed batch stamped ahead must not empty the service's window."""
-        index = self._index(service, namespace)
+        index = self._index(service, namespace, own_namespace)
         if index is None:
             return
         with self._lock:

@@ -85,7 +85,8 @@ class Agent:
 
             self.app_latency = AppLatencyCollector(
                 self.node, settings.app_latency, settings.slos, pods=self.pods,
-                class_label=cfg.cgroups.class_label, registry=self.registry)
+                class_label=cfg.cgroups.class_label, registry=self.registry,
+                trusted_namespaces=cfg.cgroups.trusted_namespaces)
             self.collectors.append(self.app_latency)
         self._collector_errors: dict[str, str] = {}
         self.detectors = DetectorRegistry.from_config(settings.detectors)
@@ -181,7 +182,8 @@ class Agent:
         settings = self.settings
         alerting = Alerting(
             settings.alerting, AlertDB(data_dir / "alerting.db"), self.incidents, self.node,
-            settings.ui.external_url or f"http://{settings.listen}",
+            settings.ui.external_url or (
+                f"{'https' if settings.ui.tls_cert_file else 'http'}://{settings.listen}"),
             policy_known=lambda name: self.policies.get(name) is not None,
             planned=ladder_plan(self.policies, self.ledger), registry=self.registry)
         if alerting.enabled:

@@ -96,7 +96,7 @@ def _serve(settings: Any, build: Any, what: str) -> None:
     import uvicorn
 
     from sloguard.store import StoreError
-    from sloguard.ui.app import create_app
+    from sloguard.ui.app import create_app, server_options
 
     try:
         subject = build(settings)
@@ -104,10 +104,12 @@ def _serve(settings: Any, build: Any, what: str) -> None:
         typer.echo(f"sloguard: {exc}", err=True)
         raise typer.Exit(2) from None
     host, port = settings.listen_host_port
-    logging.getLogger(__name__).info("%s on http://%s:%d", what, host, port)
+    tls = server_options(settings)
+    logging.getLogger(__name__).info("%s on %s://%s:%d", what, "https" if tls else "http",
+                                     host, port)
     server = _uvicorn_server()(uvicorn.Config(
         create_app(subject), host=host, port=port, log_level=settings.log_level,
-        access_log=False, timeout_graceful_shutdown=10,
+        access_log=False, timeout_graceful_shutdown=10, **tls,
     ))
     server.run()
     if not server.started:
@@ -554,7 +556,8 @@ def _api(config: Path | None, url: str | None, method: str, path: str,
     if url is None:
         host, port = settings.listen_host_port
         host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        scheme = "https" if settings.ui.tls_cert_file else "http"
+        url = f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
     headers = {"Accept": "application/json"}
     try:
         token = read_secret(settings.ui, "token")

@@ -147,6 +147,10 @@ class CgroupCollectorConfig(_Section):
     max_depth: int = Field(6, ge=1)
     rediscover: Duration = Field(10.0, description="how often the hierarchy is walked again")
     class_label: str = "koordinator.sh/qosClass"
+    trusted_namespaces: list[Annotated[str, Field(min_length=1, max_length=63)]] | None = Field(
+        None, max_length=1000,
+        description="namespaces whose pods' class label may say LS; elsewhere an LS label is "
+                    "ignored and the QoS tier decides. Unset: every namespace is trusted")
 
 
 class EbpfCollectorConfig(_Section):
@@ -294,11 +298,29 @@ class UiConfig(_Section):
     token_file: str | None = None
     token_env: str | None = None
     session_hours: float = Field(12.0, gt=0, description="how long a browser login lasts")
+    tls_cert_file: str | None = Field(
+        None, description="PEM certificate (chain) to serve the UI/API over HTTPS; with "
+                          "tls_key_file. Session cookies are then Secure")
+    tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file")
+    allowed_hosts: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
+        default_factory=list, max_length=100,
+        description="Host header names accepted besides loopback ones (on loopback always "
+                    "checked, against DNS rebinding; beyond loopback checked when set)")
+    auth_failures_per_minute: int = Field(
+        10, ge=1, le=10_000,
+        description="wrong tokens a client address may send in a minute before its "
+                    "credentials are refused (429) for the rest of the minute")
 
     @model_validator(mode="after")
     def _one_token(self) -> UiConfig:
         if len(secret_sources(self, "token")) > 1:
             raise ValueError("give only one of token, token_file, token_env")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("give tls_cert_file and tls_key_file together (or neither)")
+        for name in ("tls_cert_file", "tls_key_file"):
+            path = getattr(self, name)
+            if path and not os.access(path, os.R_OK):
+                raise ValueError(f"{name} {path} cannot be read")
         return self
 
     def resolved_token(self) -> str | None:
@@ -622,6 +644,18 @@ class AppLatencyConfig(_Section):
     probes: list[AppProbe] = Field(default_factory=list)
     pods: PodDiscovery = Field(default_factory=PodDiscovery)
     receive: ReceiveConfig = Field(default_factory=ReceiveConfig)
+    allow_addresses: list[str] = Field(
+        default_factory=list, max_length=100,
+        description="addresses or networks (CIDR) scrapes and probes may reach although "
+                    "link-local or a cloud metadata service (refused otherwise)")
+
+    @field_validator("allow_addresses")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        from sloguard.collectors.http_client import networks
+
+        networks(value)
+        return value
 
 
 def percentile_quantile(value: str) -> float:

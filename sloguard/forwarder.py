@@ -21,6 +21,7 @@ import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from sloguard.config import ForwardConfig, SecretUnavailable, read_secret
 from sloguard.health import ComponentStatus
@@ -32,6 +33,22 @@ MAX_BACKOFF_S = 60.0
 MAX_BATCHES_A_ROUND = 20  # then wait an interval, so a long backlog does not hog the server
 
 
+def redact_url(url: str | None) -> str:
+    """The server's address as logs and /readyz show it: credentials in the userinfo and the
+    query (where some proxies take an API key) replaced, scheme, host, port and path kept."""
+    if not url:
+        return ""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            netloc = "***@" + netloc.rpartition("@")[2]
+        return urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "",
+                           ""))
+    except ValueError:
+        return "(unparsable URL)"
+
+
 class Forwarder:
     def __init__(self, cfg: ForwardConfig, node: str, incidents: Any, ledger: Any,
                  data_dir: Path, metrics: Any = None) -> None:
@@ -39,6 +56,7 @@ class Forwarder:
         self.node = node
         self.incidents = incidents
         self.ledger = ledger
+        self.shown_url = redact_url(cfg.url)
         self.cursor_file = Path(data_dir) / "forward-cursor.json"
         self.cursor = self._load_cursor()
         self.metrics = metrics
@@ -70,6 +88,20 @@ class Forwarder:
         tmp.write_text(json.dumps({"url": self.cfg.url, **self.cursor}))
         os.replace(tmp, self.cursor_file)
 
+    def _scrub(self, text: str) -> str:
+        """`text` without the URL's credentials (an error may quote part of the URL)."""
+        text = text.replace(str(self.cfg.url), self.shown_url)
+        try:
+            parts = urlsplit(str(self.cfg.url))
+        except ValueError:
+            return text
+        userinfo = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""
+        for secret in sorted({t for t in (userinfo, *userinfo.split(":"), parts.query)
+                              if len(t) >= 3},
+                             key=len, reverse=True):
+            text = text.replace(secret, "***")
+        return text
+
     def backlog(self) -> dict[str, int]:
         return {"incidents": self.incidents.count_changed_since(self.cursor["incidents"],
                                                                  self.node),
@@ -90,10 +122,11 @@ class Forwarder:
                 detail = json.loads(exc.read()).get("detail")
             except (ValueError, AttributeError, OSError):
                 detail = exc.reason
-            raise ForwardError(f"HTTP {exc.code} from {self.cfg.url}: {detail}"[:1000]) from None
+            raise ForwardError(f"HTTP {exc.code} from {self.shown_url}: "
+                               f"{str(detail)[:300]}"[:1000]) from None
         except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ForwardError(f"cannot reach {self.cfg.url}: {reason}") from None
+            reason = self._scrub(str(getattr(exc, "reason", exc)))
+            raise ForwardError(f"cannot reach {self.shown_url}: {reason}"[:1000]) from None
 
     def send_once(self, heartbeat: bool = False) -> int:
         """Send one batch of what changed; advance the cursors on success. The items sent.
@@ -157,7 +190,7 @@ class Forwarder:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="forwarder", daemon=True)
         self._thread.start()
-        log.info("forwarding incidents and actions to %s every %gs", self.cfg.url,
+        log.info("forwarding incidents and actions to %s every %gs", self.shown_url,
                  self.cfg.interval)
 
     def stop(self) -> None:
@@ -172,7 +205,7 @@ class Forwarder:
             backlog = {"error": str(exc)}
         return ComponentStatus(
             "forward", ok=not self.last_error, reason=self.last_error,
-            details={"url": self.cfg.url, "last_success_ns": self.last_success_ns or None,
+            details={"url": self.shown_url, "last_success_ns": self.last_success_ns or None,
                      "backlog": backlog, "sent": dict(self.sent),
                      "consecutive_failures": self.failures})
 

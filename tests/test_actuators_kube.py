@@ -707,6 +707,91 @@ def test_one_incident_walks_up_the_whole_ladder_and_back_down(world: World, real
     assert steps[-1] == "undo cordon"
 
 
+# -- blast radius: this node only, whatever the ClusterRole allows ---------------------------
+
+def _about(calls: list[dict[str, Any]], name: str) -> list[str]:
+    """The agent's requests that named `name` (a node or a pod), as the apiserver audited."""
+    return [f"{c['verb']} {c.get('requestURI')}" for c in calls
+            if (c.get("objectRef") or {}).get("name") == name or name in c.get("requestURI", "")]
+
+
+def test_the_steps_refuse_to_address_any_node_but_their_own(world: World):
+    from sloguard.actuators.kubeapi import NotThisNode
+
+    other = f"other-{uuid.uuid4().hex[:8]}"
+    world.core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=other)))
+    try:
+        victim = world.pod("be-on-the-other-node", node=other)
+        for step in (Cordon({}, world.env), ReduceCapacity({"percent": 50}, world.env),
+                     Evict({}, world.env)):
+            api = step._api()
+            name = victim.metadata.name
+            for method, args, kwargs in (
+                    ("read_node", (other,), {}),
+                    ("patch_node", (other, {"spec": {"unschedulable": True}}), {}),
+                    ("patch_node_status", (other, {"status": {}}), {}),
+                    ("list_pod_for_all_namespaces", (), {}),
+                    ("list_pod_for_all_namespaces", (),
+                     {"field_selector": f"spec.nodeName={other}"}),
+                    ("create_namespaced_event",
+                     ("default", {"involvedObject": {"kind": "Node", "name": other}}), {}),
+                    ("create_namespaced_pod_eviction",
+                     (name, world.namespace, {"metadata": {"name": name}}), {})):
+                with pytest.raises(NotThisNode, match="refused"):
+                    getattr(api, method)(*args, **kwargs)
+            with pytest.raises(AttributeError, match="not an API call the agent's steps"):
+                api.delete_namespaced_pod(victim.metadata.name, world.namespace)
+            with pytest.raises(AttributeError, match="not an API call"):
+                api.patch_namespaced_pod(victim.metadata.name, world.namespace, {})
+        assert world.core.read_node(other).spec.unschedulable is None
+        assert victim.metadata.name not in world.evicted()
+        calls = world.agent.audit()
+        assert not [c for c in _about(calls, other) if c.split()[0] != "list"], \
+            _about(calls, other)  # nothing about the other node left the agent but the re-read
+        assert not [c for c in calls if (c.get("objectRef") or {}).get("subresource")
+                    == "eviction" and c["objectRef"].get("name") == victim.metadata.name]
+    finally:
+        for pod in world.core.list_namespaced_pod(
+                world.namespace, field_selector=f"spec.nodeName={other}").items:
+            world.core.delete_namespaced_pod(pod.metadata.name, world.namespace,
+                                             grace_period_seconds=0)
+        world.core.delete_node(other)
+
+
+def test_a_pod_rebound_elsewhere_since_the_ranking_is_not_evicted(world: World):
+    """The ranking lists this node's pods; between it and the eviction the pod is replaced by
+    a namesake on another node. The re-read just before the eviction finds it elsewhere."""
+    ns, other = world.namespace, f"other-{uuid.uuid4().hex[:8]}"
+    world.core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=other)))
+    world.pod("be-moving", priority="sg-low")
+    world.pod("be-staying", up_s=7200)
+    swapped = []
+
+    def usage(uid: str, resource: str) -> float | None:  # called while ranking
+        if not swapped:
+            swapped.append(uid)
+            world.core.delete_namespaced_pod("be-moving", ns, grace_period_seconds=0)
+            _wait_for("the pod to go", lambda: not world.core.list_namespaced_pod(
+                ns, field_selector="metadata.name=be-moving").items)
+            world.pod("be-moving", node=other)
+        return None
+
+    world.env.usage = usage
+    try:
+        result = Evict({"per_hour": 5, "per_incident": 5}, world.env).apply(world.ctx())
+        assert result.status == DONE, result.detail
+        assert result.target == f"pod/{ns}/be-staying"
+        assert (f"{ns}/be-moving: refused: pod {ns}/be-moving is bound to node '{other}', "
+                f"not this agent's node '{world.node}'") in result.detail
+        assert world.core.read_namespaced_pod("be-moving", ns).metadata.deletion_timestamp \
+            is None
+        assert not [c for c in world.agent.audit() if (c.get("objectRef") or {}).get(
+            "subresource") == "eviction" and c["objectRef"]["name"] == "be-moving"]
+    finally:
+        world.core.delete_namespaced_pod("be-moving", ns, grace_period_seconds=0)
+        world.core.delete_node(other)
+
+
 # -- the pod lister, the manifests, and RBAC both ways -------------------------------------------
 
 def test_the_pod_lister_works_with_the_shipped_rbac(world: World):

@@ -81,9 +81,10 @@ def mount(container: dict[str, Any], name: str) -> dict[str, Any]:
 def test_renders_with_kubectl_1_20s_kustomize(name: str):
     objects = render(name)
     kinds = sorted(o["kind"] for o in objects)
+    extra = list(POLICY_KINDS) if name == OWN_NODE else []
     assert kinds == sorted(["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
                             "Role", "RoleBinding", "DaemonSet", "ConfigMap", "ConfigMap",
-                            "ConfigMap"]), kinds
+                            "ConfigMap", *extra]), kinds
     assert not [o for o in objects if o["kind"] == "Secret"], "no secrets in git"
     spec, container = agent_container(objects)
     # Every generated ConfigMap the DaemonSet names is in the output, by its hashed name.
@@ -235,12 +236,15 @@ def test_the_apiserver_accepts_the_manifests(name: str, kube, kube_agent: KubeAg
     (objects in a namespace that does not exist would be refused by admission)."""
     kubectl = kube.kubectl_path
     need(kubectl is not None, "the cached kubectl is missing (bash scripts/kube-testenv.sh)")
+    # 1.20 serves no ValidatingAdmissionPolicy: overlays/own-node's policy is checked by
+    # test_the_own_node_policy_* instead; the rest of what it renders is dry-run here.
+    objects = [o for o in render(name) if o["kind"] not in POLICY_KINDS]
     done = subprocess.run(
         [kubectl, "--kubeconfig", kube.kubeconfig_path(), "apply", "--dry-run=server", "-f", "-"],
-        input=render_text(name), capture_output=True, text=True, timeout=120)
+        input=yaml.safe_dump_all(objects), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stdout.splitlines() if line.strip()]
-    assert len(lines) == len(render(name)), done.stdout
+    assert len(lines) == len(objects), done.stdout
     assert all(line.endswith("(server dry run)") for line in lines), done.stdout
     assert "daemonset.apps/sloguard-agent" in done.stdout
     # A dry run stores nothing: no agent pods for the tests' nodes.
@@ -422,3 +426,184 @@ def test_the_apiserver_accepts_the_server_manifests(kube, kube_agent: KubeAgent)
     assert done.returncode == 0, done.stderr
     assert "deployment.apps/sloguard-server created (server dry run)" in done.stdout
     assert "service/sloguard-server created (server dry run)" in done.stdout
+
+
+# -- overlays/own-node: the apiserver binds the agent's writes to its own node -------------------
+# The test apiserver is 1.20, which serves no ValidatingAdmissionPolicy (v1 since 1.30): the
+# policy cannot be admitted or enforced here. What runs instead: its YAML is checked field by
+# field against the admissionregistration.k8s.io/v1 models of the kubernetes client (generated
+# from the API's OpenAPI schema), and its CEL is compiled and evaluated with cel-python on
+# AdmissionRequests as the apiserver would build them. cel-python is not the apiserver's
+# cel-go and lacks Kubernetes' CEL libraries, so the policy keeps to core CEL.
+
+OWN_NODE = "overlays/own-node"
+POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+NODE_CLAIM = "authentication.kubernetes.io/node-name"
+
+
+def _strict(data: Any, type_name: str, where: str) -> None:
+    """`data` as the kubernetes client model `type_name` would read it, refusing unknown
+    fields and wrong types (the client itself ignores unknown fields)."""
+    from kubernetes import client
+
+    for prefix in ("List[", "list["):
+        if type_name.startswith(prefix):
+            assert isinstance(data, list), f"{where}: not a list"
+            for n, item in enumerate(data):
+                _strict(item, type_name[len(prefix):-1], f"{where}[{n}]")
+            return
+    if type_name.startswith(("Dict[", "dict(")):
+        assert isinstance(data, dict), f"{where}: not a map"
+        return
+    simple = {"str": str, "int": int, "bool": bool, "object": object}
+    if type_name in simple:
+        assert isinstance(data, simple[type_name]), f"{where}: not {type_name}: {data!r}"
+        return
+    model = getattr(client, type_name)
+    assert isinstance(data, dict), f"{where}: not an object"
+    fields = {json_name: attr for attr, json_name in model.attribute_map.items()}
+    for key, value in data.items():
+        assert key in fields, f"{where}.{key}: not a field of {type_name}"
+        _strict(value, model.openapi_types[fields[key]], f"{where}.{key}")
+
+
+def _policy_objects() -> dict[str, dict[str, Any]]:
+    return {o["kind"]: o for o in render(OWN_NODE) if o["kind"] in POLICY_KINDS}
+
+
+def test_the_own_node_policy_is_valid_admissionregistration_v1():
+    from kubernetes import client
+
+    objects = _policy_objects()
+    assert sorted(objects) == sorted(POLICY_KINDS)
+    api = client.ApiClient()
+    for kind, obj in objects.items():
+        assert obj["apiVersion"] == "admissionregistration.k8s.io/v1"
+        assert "namespace" not in obj["metadata"], "cluster-scoped"
+        _strict(obj, f"V1{kind}", kind)
+        # required fields and enums, as the client models check them
+        model = api._ApiClient__deserialize(obj, f"V1{kind}")
+        assert model.spec is not None
+    policy, binding = objects["ValidatingAdmissionPolicy"], objects[
+        "ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    # the rest of the overlay is the base, unchanged
+    rest = [o for o in render(OWN_NODE) if o["kind"] not in POLICY_KINDS]
+    assert rest == render("base")
+
+
+class Admission:
+    """The policy's admission decision for one request, evaluated as the apiserver does:
+    matchConstraints, then matchConditions, then variables, then every validation."""
+
+    def __init__(self, policy: dict[str, Any]) -> None:
+        import celpy
+
+        self.spec = policy["spec"]
+        self.env = celpy.Environment()
+        self.programs: dict[str, Any] = {}
+        expressions = [c["expression"] for c in self.spec["matchConditions"]]
+        expressions += [v["expression"] for v in self.spec["variables"]]
+        for v in self.spec["validations"]:
+            expressions += [v["expression"], v.get("messageExpression", "'x'")]
+        for expression in expressions:  # every expression must compile
+            self.programs[expression] = self.env.program(self.env.compile(expression))
+
+    def _run(self, expression: str, activation: dict[str, Any]) -> Any:
+        return self.programs[expression].evaluate(activation)
+
+    def _matches(self, request: dict[str, Any]) -> bool:
+        resource = request["resource"]["resource"] + (
+            f"/{request['subResource']}" if request.get("subResource") else "")
+        return any(request["resource"]["group"] in rule["apiGroups"]
+                   and request["resource"]["version"] in rule["apiVersions"]
+                   and request["operation"] in rule["operations"]
+                   and resource in rule["resources"]
+                   for rule in self.spec["matchConstraints"]["resourceRules"])
+
+    def __call__(self, request: dict[str, Any], obj: dict[str, Any]) -> tuple[bool, str]:
+        import celpy
+        from celpy import celtypes
+
+        if not self._matches(request):
+            return True, "not matched"
+        activation: dict[str, Any] = {"request": celpy.json_to_cel(request),
+                                      "object": celpy.json_to_cel(obj)}
+        if not all(self._run(c["expression"], activation)
+                   for c in self.spec["matchConditions"]):
+            return True, "not matched"
+        variables = celtypes.MapType({})
+        for v in self.spec["variables"]:
+            activation["variables"] = variables
+            variables[celtypes.StringType(v["name"])] = self._run(v["expression"], activation)
+        activation["variables"] = variables
+        for v in self.spec["validations"]:
+            verdict = self._run(v["expression"], activation)
+            assert isinstance(verdict, celtypes.BoolType), (v["expression"], verdict)
+            if not verdict:
+                message = (str(self._run(v["messageExpression"], activation))
+                           if "messageExpression" in v else v["message"])
+                return False, message
+        return True, "allowed"
+
+
+def _request(resource: str, operation: str, name: str, node: str | None = "node-a",
+             user: str = "system:serviceaccount:sloguard:sloguard-agent",
+             subresource: str = "", namespace: str = "") -> dict[str, Any]:
+    extra = {NODE_CLAIM: [node], "authentication.kubernetes.io/pod-name": ["sloguard-agent-x"]}
+    return {"uid": "0", "kind": {"group": "", "version": "v1", "kind": "X"},
+            "resource": {"group": "", "version": "v1", "resource": resource},
+            "subResource": subresource, "operation": operation, "name": name,
+            "namespace": namespace,
+            "userInfo": {"username": user, "groups": ["system:serviceaccounts"],
+                         "extra": extra if node is not None else {}}}
+
+
+def _node(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+            "spec": {"unschedulable": True}}
+
+
+def _event(kind: str, name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{name}.sloguard-", "namespace": "default"},
+            "involvedObject": {"apiVersion": "v1", "kind": kind, "name": name, "uid": name},
+            "reason": "SloguardCordoned", "message": "m", "type": "Normal"}
+
+
+def test_the_own_node_policy_allows_the_own_node_and_denies_others():
+    admit = Admission(_policy_objects()["ValidatingAdmissionPolicy"])
+    allowed = [
+        (_request("nodes", "UPDATE", "node-a"), _node("node-a")),
+        (_request("nodes", "UPDATE", "node-a", subresource="status"), _node("node-a")),
+        (_request("events", "CREATE", "", namespace="default"), _event("Node", "node-a")),
+        # not the agent: an admin cordons any node
+        (_request("nodes", "UPDATE", "node-b", user="admin", node=None), _node("node-b")),
+    ]
+    for request, obj in allowed:
+        ok, why = admit(request, obj)
+        assert ok, (request["resource"], obj["metadata"], why)
+    denied = [
+        (_request("nodes", "UPDATE", "node-b"), _node("node-b"),
+         "the sloguard agent on node node-a may change only its own node, not node-b"),
+        (_request("nodes", "UPDATE", "node-b", subresource="status"), _node("node-b"),
+         "may change only its own node, not node-b"),
+        (_request("events", "CREATE", "", namespace="default"), _event("Node", "node-b"),
+         "records events about its own node only"),
+        (_request("events", "CREATE", "", namespace="default"), _event("Pod", "node-a"),
+         "records events about its own node only"),
+        (_request("nodes", "UPDATE", "node-a", node=None), _node("node-a"),
+         "token names no node"),
+    ]
+    for request, obj, message in denied:
+        ok, why = admit(request, obj)
+        assert not ok and message in why, (request["resource"], obj["metadata"], why)
+    # What a ValidatingAdmissionPolicy cannot bind: an Eviction names a pod, not its node,
+    # and the policy cannot look the pod up. The agent's own re-read refuses those
+    # (tests/test_actuators_kube.py::test_a_pod_rebound_elsewhere_since_the_ranking_is_not_evicted).
+    eviction = _request("pods", "CREATE", "web-1", subresource="eviction", namespace="shop")
+    assert admit(eviction, {"apiVersion": "policy/v1", "kind": "Eviction",
+                            "metadata": {"name": "web-1", "namespace": "shop"}}) == (
+        True, "not matched")

@@ -32,8 +32,9 @@ def make_client(tmp_path):
         agent = Agent(load_settings(cfg, {"data_dir": ("--data-dir", tmp_path / "data")})
                       .settings)
         agents.append(agent)
+        # the Host a browser on this machine sends (the loopback Host check refuses others)
         return TestClient(create_app(agent, manage_lifecycle=False), client=client,
-                          headers=BEARER if bearer else None)
+                          base_url="http://127.0.0.1", headers=BEARER if bearer else None)
 
     yield make
     for agent in agents:

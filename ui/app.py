@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 
 from sloguard import __version__
 from sloguard.incidents import SEVERITIES, STATES
-from sloguard.ui.auth import SESSION_COOKIE, Auth
+from sloguard.ui.auth import SESSION_COOKIE, Auth, client_of
 from sloguard.ui.pages import add_pages
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
@@ -107,9 +107,22 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
 
     @app.middleware("http")
     async def reading_needs_a_login_off_loopback(request: Request, call_next: Any) -> Response:
+        # Exceptions raised here would bypass FastAPI's handlers (a 500): answer directly.
+        if not auth.host_ok(request):
+            return JSONResponse({"detail": "the Host header does not name this agent (a DNS "
+                                           "rebinding page?): use localhost or 127.0.0.1, or "
+                                           "list the name in ui.allowed_hosts"},
+                                status_code=400)
         path = request.url.path
-        if auth.read_open or path in OPEN_PATHS or path in own_auth or (
-                path.startswith("/static/")) or auth.authenticated(request):
+        if path in own_auth:
+            return await call_next(request)
+        wait = auth.too_many(request)
+        if wait and path not in OPEN_PATHS:
+            return JSONResponse({"detail": "too many failed authentications from this "
+                                           f"address: retry in {wait:.0f}s"},
+                                status_code=429, headers={"Retry-After": str(int(wait + 0.999))})
+        if auth.read_open or path in OPEN_PATHS or path.startswith("/static/") or (
+                auth.authenticated(request)[0]):
             return await call_next(request)
         if path.startswith("/api/") or path == "/metrics" or path == "/openapi.json":
             return JSONResponse({"detail": "this agent listens beyond loopback: send "
@@ -125,13 +138,19 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
 
     @app.get("/readyz", tags=["health"], responses={
         503: {"description": "not ready: a component it needs does not work (see components)"}})
-    def readyz() -> Response:
-        components = [c.as_dict() for c in agent.components()]
+    def readyz(request: Request) -> Response:
+        """Readiness. Off loopback, without the token, only each component's name and ok:
+        reasons and details name targets, pods, channels and what servers answered."""
         ready = agent.ready()
-        return JSONResponse(
-            {"ready": ready, "node": agent.node, "components": components},
-            status_code=200 if ready else 503,
-        )
+        status = 200 if ready else 503
+        if not auth.read_open and not auth.authenticated(request)[0]:
+            return JSONResponse({"ready": ready, "components": [
+                {"name": c.name, "ok": c.ok} for c in agent.components()],
+                "detail": "reasons and details need Authorization: Bearer <ui.token>"},
+                status_code=status)
+        components = [c.as_dict() for c in agent.components()]
+        return JSONResponse({"ready": ready, "node": agent.node, "components": components},
+                            status_code=status)
 
     @app.get("/metrics", tags=["health"], response_class=PlainTextResponse, responses={
         200: {"content": {"text/plain": {}},
@@ -225,20 +244,27 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
             "failed": failed, "enabled": auth._token() is not None})
 
     @app.post("/login", include_in_schema=False)
-    def login(token: Annotated[str, Form()], next: Annotated[str, Form()] = "/") -> Response:
-        cookie = auth.login(token)
+    def login(request: Request, token: Annotated[str, Form(max_length=4096)],
+              next: Annotated[str, Form(max_length=4096)] = "/") -> Response:
+        wait = auth.limiter.refuse(client_of(request), "/login")
+        if wait:
+            raise HTTPException(429, f"too many failed logins from this address: retry in "
+                                     f"{wait:.0f}s", headers={"Retry-After": str(int(wait + 1))})
+        cookie = auth.login(token, request)
         if cookie is None:
             return RedirectResponse(f"/login?failed=true&next={quote(_local(next))}",
                                     status_code=303)
         response = RedirectResponse(_local(next), status_code=303)
         response.set_cookie(SESSION_COOKIE, cookie, httponly=True, samesite="strict",
+                            secure=auth.secure_cookies,
                             max_age=int(agent.settings.ui.session_hours * 3600))
         return response
 
     @app.post("/logout", include_in_schema=False)
     def logout() -> Response:
         response = RedirectResponse("/", status_code=303)
-        response.delete_cookie(SESSION_COOKIE)
+        response.delete_cookie(SESSION_COOKIE, secure=auth.secure_cookies, httponly=True,
+                               samesite="strict")
         return response
 
     @app.get("/api/actions", tags=["actions"])
@@ -301,6 +327,14 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
 
     add_pages(app, agent, TEMPLATES)
     return app
+
+
+def server_options(settings: Any) -> dict[str, Any]:
+    """uvicorn's TLS options from `ui.tls_cert_file` and `ui.tls_key_file` (none without)."""
+    ui = settings.ui
+    if not ui.tls_cert_file:
+        return {}
+    return {"ssl_certfile": ui.tls_cert_file, "ssl_keyfile": ui.tls_key_file}
 
 
 def incident_chart(store: Any, incident: Any, now_ns: int) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sloguard.config import SecretUnavailable, read_secret
 from sloguard.incidents import SEVERITIES, STATES, Incident
+from sloguard.ui.auth import FailureLimiter, client_of
 
 INGEST_PATH = "/api/v1/ingest"
 MAX_ITEMS = 1000
@@ -72,6 +73,8 @@ class IngestBody(BaseModel):
 def ingest_router(server: Any) -> APIRouter:
     router = APIRouter(tags=["cluster"])
     cfg = server.settings.server
+    # Wrong ingest tokens count against the client as wrong UI tokens do (ui/auth.py).
+    limiter = FailureLimiter(server.settings.ui.auth_failures_per_minute)
 
     def check_token(request: Request) -> None:
         try:
@@ -82,10 +85,18 @@ def ingest_router(server: Any) -> APIRouter:
             server.refused.labels("disabled").inc()
             raise HTTPException(403, "ingest is disabled: server.ingest_token is not set or "
                                      "cannot be read")
+        client = client_of(request)
+        wait = limiter.refuse(client, INGEST_PATH)
+        if wait:
+            server.refused.labels("rate_limited").inc()
+            raise HTTPException(429, "too many failed authentications from this address: "
+                                     f"retry in {wait:.0f}s",
+                                headers={"Retry-After": str(int(wait + 0.999))})
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
-                                                                 token.encode()):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+                given.strip().encode("utf-8", "surrogateescape"), token.encode()):
             server.refused.labels("unauthenticated").inc()
+            limiter.failed(client, "wrong ingest token", INGEST_PATH)
             raise HTTPException(401, "send Authorization: Bearer <server.ingest_token>",
                                 headers={"WWW-Authenticate": "Bearer"})
 

@@ -34,14 +34,24 @@ class SilenceIn(BaseModel):
     comment: str = Field(max_length=1000)
     starts_at: datetime | None = Field(None, description="default: now")
     ends_at: datetime | None = Field(None, description="or `duration`")
-    duration: str | None = Field(None, description="e.g. 2h, 30m (from starts_at)",
+    duration: str | None = Field(None, max_length=100,
+                                 description="e.g. 2h, 30m (from starts_at)",
                                  examples=["2h"])
 
 
-def _ns(moment: datetime) -> int:
+LATEST_NS = 2**63 - 1  # the stores keep nanoseconds in int64: until 2262-04-11
+
+
+def _ns(moment: datetime, field: str = "ends_at") -> int:
+    """Nanoseconds since the epoch; ValueError naming the field beyond what int64 holds (a
+    silence "until year 9999" is refused with the reason, not a 500 from the store)."""
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1e9)
+    ns = int(moment.timestamp() * 1e9)
+    if not 0 <= ns <= LATEST_NS:
+        raise ValueError(f"{field}: {moment.isoformat()} is outside 1970-01-01 .. 2262-04-11, "
+                         "the times this agent can store")
+    return ns
 
 
 def _when(ns: int | None) -> str:
@@ -58,18 +68,22 @@ def create_silence(store: Any, body: SilenceIn) -> Any:
     from sloguard.units import parse_duration
 
     now_ns = time.time_ns()
-    starts = _ns(body.starts_at) if body.starts_at else now_ns
     try:
+        starts = _ns(body.starts_at, "starts_at") if body.starts_at else now_ns
         if body.ends_at is not None and body.duration:
             raise SilenceError("give ends_at or duration, not both")
         if body.ends_at is not None:
             ends = _ns(body.ends_at)
         elif body.duration:
-            ends = starts + int(parse_duration(body.duration) * 1e9)
+            seconds = parse_duration(body.duration)
+            if not seconds * 1e9 <= LATEST_NS - starts:
+                raise SilenceError(f"duration: {body.duration[:50]!r} ends after 2262-04-11, "
+                                   "the latest time this agent can store")
+            ends = starts + int(seconds * 1e9)
         else:
             raise SilenceError("give ends_at or duration (e.g. 2h)")
         return store.add(body.matchers, ends, body.created_by, body.comment, starts, now_ns)
-    except (SilenceError, ValueError) as exc:
+    except (SilenceError, ValueError, OverflowError) as exc:
         raise HTTPException(422, str(exc)) from None
 
 

@@ -53,7 +53,7 @@ def served_agent(tmp_path: Path, extra_config: str = "",
 
     from sloguard.agent import Agent
     from sloguard.config import load_settings
-    from sloguard.ui.app import create_app
+    from sloguard.ui.app import create_app, server_options
 
     (tmp_path / "rules").mkdir(exist_ok=True)
     (tmp_path / "rules" / "r.yaml").write_text(RULES)
@@ -70,8 +70,10 @@ def served_agent(tmp_path: Path, extra_config: str = "",
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    tls = server_options(agent.settings)  # as `sloguard run` serves it
     server = uvicorn.Server(uvicorn.Config(create_app(agent, manage_lifecycle=False),
-                                           host="127.0.0.1", port=port, log_level="warning"))
+                                           host="127.0.0.1", port=port, log_level="warning",
+                                           **tls))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -79,7 +81,7 @@ def served_agent(tmp_path: Path, extra_config: str = "",
         time.sleep(0.05)
     assert server.started, "uvicorn did not start"
     try:
-        yield agent, f"http://127.0.0.1:{port}"
+        yield agent, f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(10)
