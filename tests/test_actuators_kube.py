@@ -895,9 +895,14 @@ def test_an_eviction_whose_outcome_is_unknown_is_looked_up_before_anything_else(
         world: World, tmp_path):
     for i in range(3):
         world.pod(f"be-{i}", up_s=60 * (i + 1))
-    down = [True]  # the apiserver's replies are lost, lookups included, until it is back
-    _losing_replies(world, lambda method, url: down[0] and (
-        f"/namespaces/{world.namespace}/pods" in url))
+    down, sent = [True], [False]  # once the eviction is sent, every reply is lost for a while
+
+    def lose(method: str, url: str) -> bool:
+        if url.endswith("/eviction"):
+            sent[0] = True
+        return down[0] and sent[0] and f"/namespaces/{world.namespace}/pods" in url
+
+    _losing_replies(world, lose)
     ladder = _Ladder(world, tmp_path, {"per_hour": 10, "per_incident": 1})
     incident = ladder.incident("inc-a", 0)
     ladder.tick(0, incident)
