@@ -10,7 +10,7 @@ import pytest
 
 from sloguard.actuators.dryrun import DryRunActuator
 from sloguard.detector.api import hookimpl
-from sloguard.detector.engine import Engine, aggregate, render
+from sloguard.detector.engine import Engine, SignalKey, aggregate, render
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import RuleFileError, RuleSet, load_rule_file
@@ -629,6 +629,38 @@ def test_unless_without_any_series_blocks_nothing(tmp_path):
     assert [i.state for i in h.all()] == [FIRING]
 
 
+@pytest.mark.parametrize("batches", [True, False])
+def test_a_stateful_detector_under_unless_warms_up(tmp_path, batches):
+    """Issue #19: a condition's detector lives from one evaluation to the next. Signal keys
+    were strings, and only an `#andN` suffix was parsed back off them: every detector under
+    `unless:` was dropped after each evaluation, so an EWMA there never left its warm-up and
+    the `unless` never blocked anything."""
+    text = UNLESS.replace("params: {above: 5, recover_below: 1}",
+                          "detector: ewma\n            params: {warmup: 3, min_std: 1}"
+                          ).replace("aggregate: max\n            window: 3s\n            detector",
+                                    "aggregate: last\n            window: 3s\n            detector")
+    h = _Harness(tmp_path, text, batches=batches)
+
+    def be(second, usage, stall):
+        samples = [Sample("cpu", {"node": "node-a", "class": "BE", "pod": "batch"},
+                          {"usage": usage}, T0 + second * S),
+                   Sample("io", {"node": "node-a", "class": "BE", "pod": "batch"},
+                          {"stall": stall}, T0 + second * S)]
+        h.windows.add(samples)
+
+    for second in range(6):  # the EWMA learns the BE pod's usual stall; LS is fine
+        be(second, 0.2, stall=1.0)
+        h.at(second, 1.0)
+    for second in range(6, 12):  # LS slow, BE busy, but BE stalls on I/O: not this rule's case
+        be(second, 1.9, stall=50.0)
+        h.at(second, 30.0)
+    assert h.all() == []
+    for second in range(12, 18):  # the stall is back to its usual: nothing blocks the rule
+        be(second, 1.9, stall=1.0)
+        h.at(second, 30.0)
+    assert [i.state for i in h.all()] == [FIRING]
+
+
 def test_unless_conditions_are_validated(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(UNLESS.replace("params: {above: 5, recover_below: 1}",
@@ -702,9 +734,10 @@ def test_one_failing_series_does_not_block_the_others(tmp_path):
     for second in range(4, 8):
         h.at(second, 1.0)
         h.at(second, 1.0, pod="web-2")
-        key = ("ls/LSSlow", (("class", "LS"), ("node", "node-a"), ("pod", "web-2")))
-        spec, _ = h.engine._detectors[key]
-        h.engine._detectors[key] = (spec, Broken())
+        series = (("class", "LS"), ("node", "node-a"), ("pod", "web-2"))
+        detectors = h.engine._detectors[SignalKey("ls/LSSlow")]
+        spec, _ = detectors[series]
+        detectors[series] = (spec, Broken())
     assert "1 series failed" in h.engine.status["ls/LSSlow"].error
     assert h.all()[0].state == RESOLVED  # web-1 still resolved
 
