@@ -114,8 +114,17 @@ class AppLatencyCollector:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the scraper thread, unless it runs: two of them once shared one wake-up
+        event, and the second `asyncio.run` left the first waiting on an event bound to a
+        foreign loop (it died a second later, while /readyz still said ok)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
         self._thread = threading.Thread(target=self._run_loop, name="app-latency", daemon=True)
         self._thread.start()
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
 
     def stop(self) -> None:
         self._stop.set()
@@ -129,10 +138,10 @@ class AppLatencyCollector:
     def _run_loop(self) -> None:
         try:
             asyncio.run(self._main())
-        except Exception:  # never expected; the status says the scraper stopped
-            log.exception("app-latency scraper stopped")
-            with self._lock:
+        except Exception:  # never expected: the status says so, the agent's supervisor
+            with self._lock:  # reports the exception and starts the thread again
                 self._discovery = ["the scraper thread stopped; see the agent's log"]
+            raise
 
     # -- the agent's side ----------------------------------------------------------------
 
@@ -215,7 +224,7 @@ class AppLatencyCollector:
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
+        wake = self._wake = asyncio.Event()  # this run's own: `stop` sets whichever is current
         semaphore = asyncio.Semaphore(self.cfg.concurrency)
         pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="app-parse")
         tasks: dict[Target, asyncio.Task] = {}
@@ -237,7 +246,7 @@ class AppLatencyCollector:
                     tasks[target] = asyncio.create_task(
                         self._schedule(target, semaphore, pool), name=target.key)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), RESOLVE_S)
+                    await asyncio.wait_for(wake.wait(), RESOLVE_S)
         finally:
             for task in tasks.values():
                 task.cancel()

@@ -104,8 +104,9 @@ class Engine:
     # forgetting the series one signal lost looks at that signal's detectors only
     _detectors: dict[SignalKey, dict[SeriesKey, tuple[Any, Any]]] = field(default_factory=dict)
     _unsaved: dict[str, Incident] = field(default_factory=dict)
-    # rule key -> (spec that ran over its deadline, when it may be tried again: monotonic)
-    _hung: dict[str, tuple[Any, int]] = field(default_factory=dict)
+    # rule key -> (spec that ran over its deadline, when it may be tried again (monotonic),
+    # the worker it was cut off on)
+    _hung: dict[str, tuple[Any, int, DetectorWorker]] = field(default_factory=dict)
     # (rule key, series) -> whether each of the last M evaluations crossed (for_evaluations)
     _history: dict[tuple[str, SeriesKey], deque[bool]] = field(default_factory=dict)
     _worker: DetectorWorker | None = None
@@ -155,8 +156,8 @@ class Engine:
             if interval and mono < self._due.get(rule.key, mono):
                 continue
             hung = self._hung.get(rule.key)
-            if hung is not None and hung[0] == rule.spec and mono < hung[1]:
-                continue  # cut off recently: backing off before trying it again
+            if hung is not None and hung[0] == rule.spec and (mono < hung[1] or hung[2].stuck):
+                continue  # cut off recently, or its code still runs: not tried meanwhile
             self._due[rule.key] = mono + interval
             started = time.perf_counter()
             try:
@@ -331,15 +332,18 @@ class Engine:
         """
         if self._worker is None:
             self._worker = DetectorWorker()
+        worker = self._worker
         try:
-            return self._worker.run(run, self.timeout_s)
+            return worker.run(run, self.timeout_s)
         except FutureTimeout:
+            worker.abandon()
             self._worker = None
             retry = self._mono_ns + int(HUNG_BACKOFF_S * 1e9)
-            self._hung[rule.key] = (rule.spec, retry)
+            self._hung[rule.key] = (rule.spec, retry, worker)
             raise TimeoutError(
                 f"detector {rule.spec.detector!r} took longer than {self.timeout_s:g}s; "
-                f"rule skipped for {HUNG_BACKOFF_S:g}s, then tried again") from None
+                f"rule skipped for {HUNG_BACKOFF_S:g}s, then tried again once that code "
+                "has returned") from None
 
     def _step(self, rule: LoadedRule, series: SeriesKey, value: float, verdict: Verdict,
               now_ns: int) -> None:
@@ -522,6 +526,11 @@ class Engine:
     @property
     def unsaved(self) -> int:
         return len(self._unsaved)
+
+    @property
+    def stuck_workers(self) -> int:
+        """Detector workers cut off at their deadline whose plugin code has not returned."""
+        return sum(1 for _, _, worker in self._hung.values() if worker.stuck)
 
 
 @dataclass

@@ -240,6 +240,57 @@ def test_failing_and_hanging_detectors_do_not_stop_the_others(tmp_path):
     assert h.engine.status["ls/LSSlow"].error == ""
 
 
+def test_a_rule_that_hangs_for_good_leaves_one_stuck_worker_not_one_per_backoff(tmp_path):
+    """Issue #19: each retry of a rule whose plugin never returns abandoned one more worker
+    thread, and an abandoned worker whose work did return waited for more work forever."""
+    import threading
+    import time as clock
+
+    from sloguard.detector.engine import HUNG_BACKOFF_S
+
+    release = threading.Event()
+
+    class Forever:
+        name = "forever"
+
+        def __init__(self, params):
+            pass
+
+        def update(self, value, time_ns):
+            release.wait(60)
+            return Threshold({"above": 10}).update(value, time_ns)
+
+    class Plugin:
+        @hookimpl
+        def sloguard_detectors(self):
+            return [Forever]
+
+    def workers():
+        return [t for t in threading.enumerate() if t.name == "detectors"]
+
+    before = len(workers())
+    text = RULES.replace("        params: {above: 10, recover_below: 5}\n",
+                         "        detector: forever\n")
+    h = _Harness(tmp_path, text, registry=DetectorRegistry(plugins=[Plugin()]), timeout_s=0.2)
+    backoff = int(HUNG_BACKOFF_S)
+    try:
+        for second in range(0, 6 * backoff, backoff // 2):
+            h.at(second, 30.0)
+        assert h.engine.status["ls/LSSlow"].evaluations == 1  # waits for the stuck code
+        assert "once that code has returned" in h.engine.status["ls/LSSlow"].error
+        assert h.engine.stuck_workers == 1
+        assert len(workers()) - before == 1  # the stuck one (no fresh one was needed)
+    finally:
+        release.set()
+    deadline = clock.monotonic() + 5
+    while len(workers()) > before and clock.monotonic() < deadline:
+        clock.sleep(0.01)
+    assert len(workers()) == before  # the abandoned worker ended once its work returned
+    assert h.engine.stuck_workers == 0
+    h.at(6 * backoff, 30.0)  # tried again: it runs (on a new worker) and can fire
+    assert h.engine.status["ls/LSSlow"].evaluations == 2
+
+
 def test_backfill_from_the_store_continues_windows_after_restart(tmp_path):
     h = _Harness(tmp_path)
     for second in range(3):
@@ -713,6 +764,9 @@ def test_a_hung_rule_is_retried_after_a_backoff_and_can_resolve(tmp_path):
     Sometimes.slow = False
     h.at(5, 1.0)
     assert h.engine.status["ls/LSSlow"].evaluations == 5  # backing off
+    deadline = clock.monotonic() + 5
+    while h.engine.stuck_workers and clock.monotonic() < deadline:
+        clock.sleep(0.01)  # the cut-off call returns (a rule is not retried while it runs)
     backoff = int(HUNG_BACKOFF_S)
     for second in range(5 + backoff, 9 + backoff):
         h.at(second, 1.0)
@@ -892,8 +946,10 @@ def test_a_hash_in_the_group_name_keeps_detector_state(tmp_path, batches):
 
 def test_an_abandoned_worker_never_shares_a_detector_with_the_retried_rule(tmp_path):
     """A rule cut off at its deadline leaves its worker running on; when the rule is tried
-    again, its detectors must not be the ones that worker may still be updating."""
+    again, its detectors must not be the ones that worker may still be updating (it is not
+    tried again while that worker runs, and then on detectors built afresh)."""
     import threading
+    import time
 
     from sloguard.detector.engine import HUNG_BACKOFF_S
 
@@ -933,9 +989,14 @@ def test_an_abandoned_worker_never_shares_a_detector_with_the_retried_rule(tmp_p
         h.at(1, 30.0)  # cut off: its worker waits inside update
         assert "longer than 0.2s" in h.engine.status["ls/LSSlow"].error
         Exclusive.block = False
-        h.at(2 + int(HUNG_BACKOFF_S), 30.0)  # tried again while that worker still waits
+        h.at(2 + int(HUNG_BACKOFF_S), 30.0)  # due again, but that worker still waits:
+        assert h.engine.status["ls/LSSlow"].evaluations == 2  # not tried meanwhile
     finally:
         release.set()
+    deadline = time.monotonic() + 5
+    while h.engine.stuck_workers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    h.at(3 + int(HUNG_BACKOFF_S), 30.0)  # its code returned: tried again, on fresh detectors
     assert overlaps == []
     assert h.engine.status["ls/LSSlow"].error == ""
 
