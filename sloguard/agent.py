@@ -266,8 +266,8 @@ class Agent:
 
     def stop(self) -> None:
         """Stop the loop, write what is buffered, close the stores (SIGTERM path)."""
+        self.supervisor.stop()  # first: threads that stop now are not restarted
         self._stop.set()
-        self.supervisor.stop()  # stopping threads are not restarted
         if self._thread is not None:
             self._thread.join(timeout=30)
         if self.pods is not None:
