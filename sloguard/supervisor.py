@@ -154,10 +154,6 @@ class Supervisor:
 
     # -- health --------------------------------------------------------------------------
 
-    def of(self, component: str) -> Watched | None:
-        with self._lock:
-            return next((w for w in self.watched.values() if w.component == component), None)
-
     def status(self) -> ComponentStatus:
         with self._lock:
             watched = list(self.watched.values())
