@@ -95,6 +95,8 @@ class Ladder:
         # wall time, `_skew` ahead of the timers (what the wall clock was stepped since start)
         self._anchor: int | None = None
         self._skew = 0
+        # incident -> (its newest evidence's time label, when that showed up, on the timers)
+        self._evidence: dict[str, tuple[int, int]] = {}
         # Steps that talk to the API server (`remote`) run on their own worker when
         # `background`: a slow or hanging apiserver must not stall collection and evaluation
         # (nor the local levers). Their outcome is settled on this thread, at the next tick.
@@ -138,6 +140,8 @@ class Ladder:
         self.errors = {n: e for n, e in self.errors.items() if n in by_policy}
         self._collect(now_ns)
         self._reconcile(firing, now_ns)
+        self._evidence = {i: seen for i, seen in self._evidence.items()
+                          if any(f.id == i for f in firing)}
         in_force: dict[str, list[RungState]] = defaultdict(list)
         for row in self.ledger.rungs():
             in_force[row.policy].append(row)
@@ -710,12 +714,23 @@ class Ladder:
     # -- what worked ---------------------------------------------------------------------------
 
     def _fresh(self, firing: list[Incident], now_ns: int, policy: Policy) -> bool:
+        """Whether any incident has had new evidence within `stale_after`. Sample times are
+        wall-clock labels: the age of the newest is read off them once, when it first shows
+        up, and from then on counted on the timer clock, so a wall clock stepped back does not
+        make old evidence look new for an hour."""
         limit = int(policy.spec.stale_after * 1e9)
+        fresh = False
         for incident in firing:
             times = [e.time_ns for e in incident.evidence if e.value is not None]
-            if times and now_ns + self._skew - max(times) <= limit:  # sample times: labels
-                return True
-        return False
+            if not times:
+                continue
+            newest = max(times)
+            seen = self._evidence.get(incident.id)
+            if seen is None or seen[0] != newest:
+                age = max(0, now_ns + self._skew - newest)
+                seen = self._evidence[incident.id] = (newest, now_ns - age)
+            fresh = fresh or now_ns - seen[1] <= limit
+        return fresh
 
     def _learn(self, name: str, rows: list[RungState]) -> None:
         """The interference ended: the last lever applied (for real) worked, the ones before it

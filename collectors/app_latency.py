@@ -118,12 +118,17 @@ class AppLatencyCollector:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the scraper thread, once: a second thread would scrape every target twice
-        and take over the first one's wake-up event (which then dies on it)."""
-        if self._thread is not None:
+        """Start the scraper thread, unless it runs: two of them once shared one wake-up
+        event, and the second `asyncio.run` left the first waiting on an event bound to a
+        foreign loop (it died a second later, while /readyz still said ok)."""
+        if self._thread is not None and self._thread.is_alive():
             return
         self._thread = threading.Thread(target=self._run_loop, name="app-latency", daemon=True)
         self._thread.start()
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
 
     def stop(self) -> None:
         self._stop.set()
@@ -137,10 +142,10 @@ class AppLatencyCollector:
     def _run_loop(self) -> None:
         try:
             asyncio.run(self._main())
-        except Exception:  # never expected; the status says the scraper stopped
-            log.exception("app-latency scraper stopped")
-            with self._lock:
+        except Exception:  # never expected: the status says so, the agent's supervisor
+            with self._lock:  # reports the exception and starts the thread again
                 self._discovery = ["the scraper thread stopped; see the agent's log"]
+            raise
 
     # -- the agent's side ----------------------------------------------------------------
 
@@ -224,7 +229,7 @@ class AppLatencyCollector:
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
+        wake = self._wake = asyncio.Event()  # this run's own: `stop` sets whichever is current
         semaphore = asyncio.Semaphore(self.cfg.concurrency)
         pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="app-parse")
         tasks: dict[Target, asyncio.Task] = {}
@@ -246,7 +251,7 @@ class AppLatencyCollector:
                     tasks[target] = asyncio.create_task(
                         self._schedule(target, semaphore, pool), name=target.key)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), RESOLVE_S)
+                    await asyncio.wait_for(wake.wait(), RESOLVE_S)
         finally:
             for task in tasks.values():
                 task.cancel()

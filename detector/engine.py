@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from sloguard.detector.api import Verdict
 from sloguard.detector.recent import RecentWindows
@@ -47,6 +47,16 @@ HUNG_BACKOFF_S = 60.0
 SeriesKey = tuple[tuple[str, str], ...]
 
 
+class SignalKey(NamedTuple):
+    """Which signal of which rule: the rule's own (`condition` "") or one of its compound
+    conditions ("and0", "unless1"). A tuple, not a suffix glued to the rule key: group names
+    may contain `#`, and parsing `#andN` back off once missed `#unlessN`, so every detector
+    under `unless:` was thrown away after each evaluation and never warmed up."""
+
+    rule: str
+    condition: str = ""
+
+
 class IncidentActuator(Protocol):
     def on_firing(self, incident: Incident, now_ns: int) -> list[ActionRecord]: ...
 
@@ -55,8 +65,13 @@ class IncidentActuator(Protocol):
 
 @dataclass
 class AlertState:
+    """An open alert's timers, on the monotonic clock: the wall clock (the incident's
+    `started_ns`, evidence times) is only a label, and a step of it (NTP, a VM resumed, an
+    operator's `date -s`) must neither fire an alert early nor hold it an extra hour."""
+
     incident: Incident
-    recover_since_ns: int | None = None
+    since_mono_ns: int = 0  # when the alert opened (its `for` counts from here)
+    recover_since_mono_ns: int | None = None  # when it last started to recover (recover_for)
 
 
 @dataclass
@@ -85,17 +100,21 @@ class Engine:
     states: dict[tuple[str, SeriesKey], AlertState] = field(default_factory=dict)
     status: dict[str, RuleStatus] = field(default_factory=dict)
     _due: dict[str, int] = field(default_factory=dict)
-    # (rule key, series) -> (the rule spec it was built from, detector)
-    _detectors: dict[tuple[str, SeriesKey], tuple[Any, Any]] = field(default_factory=dict)
+    # signal -> series -> (the rule spec it was built from, detector): per signal, so that
+    # forgetting the series one signal lost looks at that signal's detectors only
+    _detectors: dict[SignalKey, dict[SeriesKey, tuple[Any, Any]]] = field(default_factory=dict)
     _unsaved: dict[str, Incident] = field(default_factory=dict)
-    # rule key -> (spec that ran over its deadline, when it may be tried again)
-    _hung: dict[str, tuple[Any, int]] = field(default_factory=dict)
+    # rule key -> (spec that ran over its deadline, when it may be tried again (monotonic),
+    # the worker it was cut off on)
+    _hung: dict[str, tuple[Any, int, DetectorWorker]] = field(default_factory=dict)
     # (rule key, series) -> whether each of the last M evaluations crossed (for_evaluations)
     _history: dict[tuple[str, SeriesKey], deque[bool]] = field(default_factory=dict)
     _worker: DetectorWorker | None = None
     _series_errors: dict[str, str] = field(default_factory=dict)  # rule key -> last failure
     _swept_keys: set[str] | None = None  # rule keys when stored incidents were last swept
-    _batches: dict[str, _Slots] = field(default_factory=dict)  # signal key -> batch and slots
+    _batches: dict[SignalKey, _Slots] = field(default_factory=dict)  # signal -> batch, slots
+    _mono_ns: int = 0  # the monotonic time of the evaluation in progress
+    save_error: str = ""  # why the last save failed, while incidents wait to be saved
 
     def restore(self) -> int:
         """Adopt this node's open incidents from before a restart, once their rule is loaded.
@@ -117,11 +136,16 @@ class Engine:
                 self.incidents.delete(incident.id)
                 continue
             series = tuple(sorted(incident.series.items()))
-            self.states[(key, series)] = AlertState(incident)
+            self.states[(key, series)] = AlertState(incident, self._mono_ns)
             restored += 1
         return restored
 
-    def evaluate(self, now_ns: int) -> None:
+    def evaluate(self, now_ns: int, mono_ns: int | None = None) -> None:
+        """One evaluation of every rule due. `now_ns` (wall time) selects the windows, as the
+        samples are stamped with it, and labels what is recorded; `mono_ns` (monotonic) runs
+        every timer: `for`, `recover_for`, rule intervals and the back-off of a hung rule.
+        Without `mono_ns` (a replay, a test stepping simulated time) the two are one clock."""
+        mono = self._mono_ns = now_ns if mono_ns is None else mono_ns
         self._retry_saves()
         active_rules = self.rules.rules
         keys = {rule.key for rule in active_rules}
@@ -129,12 +153,12 @@ class Engine:
             status = self.status.setdefault(rule.key, RuleStatus(rule.key, rule.source))
             status.source = rule.source
             interval = int((rule.interval or 0) * 1e9)
-            if interval and now_ns < self._due.get(rule.key, 0):
+            if interval and mono < self._due.get(rule.key, mono):
                 continue
             hung = self._hung.get(rule.key)
-            if hung is not None and hung[0] == rule.spec and now_ns < hung[1]:
-                continue  # cut off recently: backing off before trying it again
-            self._due[rule.key] = now_ns + interval
+            if hung is not None and hung[0] == rule.spec and (mono < hung[1] or hung[2].stuck):
+                continue  # cut off recently, or its code still runs: not tried meanwhile
+            self._due[rule.key] = mono + interval
             started = time.perf_counter()
             try:
                 values = self._values(rule, now_ns)
@@ -167,12 +191,16 @@ class Engine:
         for key in list(self.status):
             if key not in keys:
                 del self.status[key]
-        for key in [k for k in self._detectors if _rule_of(k[0]) not in keys]:
-            del self._detectors[key]
-            self._history.pop(key, None)
-        for key in [k for k in self._batches if _rule_of(k) not in keys]:
+        for key in [k for k in self._due if k not in keys]:
+            del self._due[key]
+        for key in [k for k in self._hung if k not in keys]:
+            del self._hung[key]
+        signals = {signal for rule in active_rules for signal in _signal_keys(rule)}
+        for key in [k for k in self._detectors if k not in signals]:
+            del self._detectors[key]  # a rule gone, or a condition taken out of one
+        for key in [k for k in self._batches if k not in signals]:
             del self._batches[key]
-        for key in [k for k in self._history if _rule_of(k[0]) not in keys]:
+        for key in [k for k in self._history if k[0] not in keys]:
             del self._history[key]
 
     def _values(self, rule: LoadedRule, now_ns: int, spec: Any = None) -> dict[SeriesKey, float]:
@@ -216,10 +244,10 @@ class Engine:
         open_series = {s for (k, s) in self.states if k == rule.key}
         silent = open_series - values.keys()  # open alerts whose series sent nothing: NaN
         inputs = {**values, **dict.fromkeys(silent, math.nan)} if silent else values
-        jobs = [(rule.key, rule.spec, inputs)]
-        for kind, index, condition in rule.spec.conditions:  # compound rules: other signals
-            jobs.append((f"{rule.key}#{kind}{index}", condition,
-                         self._values(rule, now_ns, condition)))
+        main, *others = _signal_keys(rule)
+        jobs = [(main, rule.spec, inputs)]
+        for key, (_, _, condition) in zip(others, rule.spec.conditions, strict=True):
+            jobs.append((key, condition, self._values(rule, now_ns, condition)))
         # Plugin code (constructors included) runs on the worker, under the deadline; what it
         # builds is kept only once the run has succeeded.
         plans = [self._plan(key, spec, inputs) for key, spec, inputs in jobs]
@@ -232,11 +260,9 @@ class Engine:
         except Exception:
             # A batch, or a series' detector, may have been left half-updated, and a worker cut
             # off at its deadline may still be updating them: start those signals afresh.
-            signals = {key for key, _, _ in jobs}
-            for key in signals:
+            for key, _, _ in jobs:
                 self._batches.pop(key, None)
-            for stale in [k for k in self._detectors if k[0] in signals]:
-                del self._detectors[stale]
+                self._detectors.pop(key, None)
             raise
         judged_all: list[_Judged] = []
         failures: list[str] = []
@@ -274,7 +300,8 @@ class Engine:
                                                                              *notes])))
             self._step(rule, series, main.inputs[series], verdict, now_ns)
 
-    def _plan(self, key: str, spec: Any, inputs: dict[SeriesKey, float]) -> _PerSeries | _Batch:
+    def _plan(self, key: SignalKey, spec: Any,
+              inputs: dict[SeriesKey, float]) -> _PerSeries | _Batch:
         """How one signal of a rule is judged this tick: by its batch (one numpy call for every
         series) when the detector type offers one, else by one detector per series."""
         if self.batches and self.registry.batch_type(spec.detector) is not None:
@@ -284,14 +311,15 @@ class Engine:
             slots = self._batches.get(key)
             if slots is None or (slots.spec is not spec and slots.spec != spec):
                 slots = _Slots(spec)
-                for stale in [k for k in self._detectors if k[0] == key]:
-                    del self._detectors[stale]  # per-series detectors of an earlier type
+                self._detectors.pop(key, None)  # per-series detectors of an earlier type
             gone = slots.arrange(inputs)
-            for series in gone:
-                self._history.pop((key, series), None)
+            if not key.condition:  # only the rule's own signal counts evaluations
+                for series in gone:
+                    self._history.pop((key.rule, series), None)
             return _Batch(key, spec, inputs, slots)
         self._batches.pop(key, None)  # a batch of an earlier detector type
-        known = {s: self._detectors.get((key, s)) for s in inputs}
+        mine = self._detectors.get(key, {})
+        known = {s: mine.get(s) for s in inputs}
         build = {s for s, entry in known.items()
                  if entry is None or (entry[0] is not spec and entry[0] != spec)}
         return _PerSeries(key, spec, inputs, known, build)
@@ -304,15 +332,18 @@ class Engine:
         """
         if self._worker is None:
             self._worker = DetectorWorker()
+        worker = self._worker
         try:
-            return self._worker.run(run, self.timeout_s)
+            return worker.run(run, self.timeout_s)
         except FutureTimeout:
+            worker.abandon()
             self._worker = None
-            retry = now_ns + int(HUNG_BACKOFF_S * 1e9)
-            self._hung[rule.key] = (rule.spec, retry)
+            retry = self._mono_ns + int(HUNG_BACKOFF_S * 1e9)
+            self._hung[rule.key] = (rule.spec, retry, worker)
             raise TimeoutError(
                 f"detector {rule.spec.detector!r} took longer than {self.timeout_s:g}s; "
-                f"rule skipped for {HUNG_BACKOFF_S:g}s, then tried again") from None
+                f"rule skipped for {HUNG_BACKOFF_S:g}s, then tried again once that code "
+                "has returned") from None
 
     def _step(self, rule: LoadedRule, series: SeriesKey, value: float, verdict: Verdict,
               now_ns: int) -> None:
@@ -332,7 +363,7 @@ class Engine:
             if verdict.crossed:
                 incident = self._open(rule, series, shown, verdict.threshold, now_ns,
                                       verdict.note, verdict.change_ns)
-                state = self.states[key] = AlertState(incident)
+                state = self.states[key] = AlertState(incident, self._mono_ns)
                 self._maybe_fire(rule, state, shown, now_ns, history, crossed=True)
             return
         incident = state.incident
@@ -355,15 +386,15 @@ class Engine:
             incident.quiet_since_ns = now_ns
             quieted = True
         if not verdict.recovered:  # firing, or back above the recover bound: hold restarts
-            state.recover_since_ns = None
+            state.recover_since_mono_ns = None
             incident.add_evidence(Evidence(now_ns, shown, verdict.threshold, verdict.note,
                                            verdict.change_ns))
             incident.updated_ns = now_ns
             self._save(incident)
             return
-        if state.recover_since_ns is None:
-            state.recover_since_ns = now_ns
-        if now_ns - state.recover_since_ns >= spec.recover_for * 1e9:
+        if state.recover_since_mono_ns is None:
+            state.recover_since_mono_ns = self._mono_ns
+        if self._mono_ns - state.recover_since_mono_ns >= spec.recover_for * 1e9:
             note = "no data" if shown is None else "recovered"
             incident.add_evidence(Evidence(now_ns, shown, verdict.threshold, note))
             del self.states[key]
@@ -408,7 +439,7 @@ class Engine:
         incident.updated_ns = now_ns
         counted = rule.spec.for_evaluations
         enough = counted is None or (history is not None and sum(history) >= counted.crossed)
-        if enough and now_ns - incident.started_ns >= rule.spec.for_ * 1e9:
+        if enough and self._mono_ns - state.since_mono_ns >= rule.spec.for_ * 1e9:
             _annotate(incident, rule, value, incident.evidence[0].threshold)
             incident.state = FIRING
             incident.fired_ns = now_ns
@@ -482,8 +513,11 @@ class Engine:
             if incident.id not in self._unsaved:
                 log.error("saving incident %s failed, will retry: %s", incident.id, exc)
             self._unsaved[incident.id] = incident
+            self.save_error = f"{exc.__class__.__name__}: {exc}"[:500]
         else:
             self._unsaved.pop(incident.id, None)
+            if not self._unsaved:
+                self.save_error = ""
 
     def _retry_saves(self) -> None:
         for incident in list(self._unsaved.values()):
@@ -492,6 +526,11 @@ class Engine:
     @property
     def unsaved(self) -> int:
         return len(self._unsaved)
+
+    @property
+    def stuck_workers(self) -> int:
+        """Detector workers cut off at their deadline whose plugin code has not returned."""
+        return sum(1 for _, _, worker in self._hung.values() if worker.stuck)
 
 
 @dataclass
@@ -507,7 +546,7 @@ class _Judged:
 class _PerSeries:
     """One detector object per series (any plugin)."""
 
-    key: str
+    key: SignalKey
     spec: Any
     inputs: dict[SeriesKey, float]
     known: dict[SeriesKey, Any]
@@ -531,13 +570,16 @@ class _PerSeries:
         return made, _Judged(self.inputs, crossed, judged.__getitem__), failures
 
     def keep(self, engine: Engine, made: dict) -> None:
+        mine = engine._detectors.setdefault(self.key, {})
         for s, detector in made.items():
-            engine._detectors[(self.key, s)] = (self.spec, detector)
-        if len(engine._detectors) > len(self.inputs):  # forget detectors of series gone
-            for stale in [k for k in engine._detectors
-                          if k[0] == self.key and k[1] not in self.inputs]:
-                del engine._detectors[stale]
-                engine._history.pop(stale, None)
+            mine[s] = (self.spec, detector)
+        # every input has a detector now, so more detectors than inputs means series gone:
+        # only then is this signal's map scanned (never the other rules')
+        if len(mine) > len(self.inputs):
+            for series in [s for s in mine if s not in self.inputs]:
+                del mine[series]
+                if not self.key.condition:
+                    engine._history.pop((self.key.rule, series), None)
 
 
 class _Slots:
@@ -577,7 +619,7 @@ class _Slots:
 class _Batch:
     """Every series of a signal through one batch detector call."""
 
-    key: str
+    key: SignalKey
     spec: Any
     inputs: dict[SeriesKey, float]
     slots: _Slots
@@ -664,13 +706,10 @@ def _annotate(incident: Incident, rule: LoadedRule, value: float | None,
     )
 
 
-_CONDITION_SUFFIX = re.compile(r"#and\d+$")
-
-
-def _rule_of(signal_key: str) -> str:
-    """The rule key of a signal key: `group/alert`, or `group/alert#andN` for a compound rule's
-    condition. Only that suffix is taken off: a group name may itself contain `#`."""
-    return _CONDITION_SUFFIX.sub("", signal_key)
+def _signal_keys(rule: LoadedRule) -> list[SignalKey]:
+    """The rule's own signal first, then one per compound condition, in the rule's order."""
+    return [SignalKey(rule.key), *(SignalKey(rule.key, f"{kind}{index}")
+                                   for kind, index, _ in rule.spec.conditions)]
 
 
 def fingerprint(rule_key: str, series: SeriesKey) -> str:

@@ -2,7 +2,10 @@
 
 Plugin code may hang. A thread cannot be killed, so a worker that misses its deadline is
 abandoned and a new one started; being a daemon, an abandoned worker never keeps the agent from
-exiting on SIGTERM (concurrent.futures' pool threads would: interpreter exit joins them).
+exiting on SIGTERM (concurrent.futures' pool threads would: interpreter exit joins them). An
+abandoned worker ends as soon as the work it was cut off in returns (it once waited for more
+work forever), and the engine does not retry a rule while the worker it hung is still stuck, so
+stuck workers number at most the rules that hang, not one more per back-off.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ class DetectorWorker:
         self._thread.start()
 
     def _serve(self) -> None:
-        while True:
+        while not self._abandoned:
             run, future = self._tasks.get()
             if not future.set_running_or_notify_cancel():
                 continue
@@ -29,6 +32,17 @@ class DetectorWorker:
                 future.set_result(run())
             except BaseException as exc:  # handed to the caller, not lost with the thread
                 future.set_exception(exc)
+
+    _abandoned = False
+
+    def abandon(self) -> None:
+        """No more work for this worker: it ends once the work in hand returns."""
+        self._abandoned = True
+
+    @property
+    def stuck(self) -> bool:
+        """Abandoned, and still inside the work it was cut off in."""
+        return self._abandoned and self._thread.is_alive()
 
     def run(self, work: Callable[[], Any], timeout_s: float) -> Any:
         """`work()`'s result, its exception, or TimeoutError after `timeout_s`."""

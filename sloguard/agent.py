@@ -23,6 +23,7 @@ from sloguard.actuators.kinds import StepFactory
 from sloguard.actuators.ladder import Ladder
 from sloguard.actuators.ledger import Ledger
 from sloguard.actuators.policy import PolicySet
+from sloguard.clock import SYSTEM, Clock
 from sloguard.collectors.cgroups import CgroupCollector
 from sloguard.config import Settings, app_latency_wanted
 from sloguard.detector.engine import AGENT_GROUP, Engine
@@ -36,6 +37,8 @@ from sloguard.selfmetrics import AgentMetrics
 from sloguard.store import StoreError
 from sloguard.store.factory import open_configured_store
 from sloguard.store.incidents_db import IncidentStore
+from sloguard.supervisor import Supervisor
+from sloguard.units import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +47,10 @@ MAINTAIN_S = 60.0
 
 
 class Agent:
-    def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, settings: Settings, registry: CollectorRegistry | None = None,
+                 clock: Clock = SYSTEM) -> None:
         self.settings = settings
+        self.clock = clock
         self.node = settings.node_name
         self.registry = registry or CollectorRegistry()
         self.metrics = AgentMetrics(self.registry)
@@ -114,9 +119,13 @@ class Agent:
         self._thread: threading.Thread | None = None
         self.last_tick_mono = 0.0
         self.ticks = 0
+        self.tick_failures = 0  # consecutive ticks that raised
+        self.tick_error = ""  # why the last failed tick raised
+        self._failed_at: deque[float] = deque(maxlen=1000)  # monotonic times of failed ticks
+        self.supervisor = Supervisor()
         self._store_error = ""
         self._next_reload = 0.0
-        self._next_maintain = time.monotonic() + MAINTAIN_S
+        self._next_maintain = clock.mono_ns() / 1e9 + MAINTAIN_S  # the clock's, in seconds
         self.metrics.gauge_callback(
             "sloguard_incidents", "Incidents by state", "state", self.incidents.counts_by_state
         )
@@ -233,17 +242,41 @@ class Agent:
         self._reload_rules()
         if self.pods is not None:
             self.pods.start()
-        if self.app_latency is not None:
-            self.app_latency.start()
-        self._thread = threading.Thread(target=self._loop, name="agent-loop", daemon=True)
-        self._thread.start()
+        self._start_loop()
         self.alerting.start()
         if self.forwarder is not None:
             self.forwarder.start()
+        self._supervise()
         log.info("agent started on node %s, tick %.3gs", self.node, self.settings.interval)
+
+    def _start_loop(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="agent-loop", daemon=True)
+        self._thread.start()
+
+    def _supervise(self) -> None:
+        """Watch every long-lived thread started above (sloguard/supervisor.py)."""
+        sup = self.supervisor
+        sup.watch("agent-loop", lambda: self._thread, self._start_loop, "loop")
+        if self.app_latency is not None:
+            app = self.app_latency
+            sup.watch("app-latency", lambda: app.thread, app.start, app.name)
+        if self.pods is not None:
+            pods = self.pods
+            sup.watch("pod-metadata", lambda: pods._thread, pods.start, "kubernetes")
+        for name, sender in self.alerting.senders.items():
+            sup.watch(f"slack-{name}", lambda s=sender: s._thread, sender.start, "alerting")
+        if self.forwarder is not None:
+            fwd = self.forwarder
+            sup.watch("forwarder", lambda: fwd._thread, fwd.start, "forward")
+        writer = getattr(self.store, "_thread", None)
+        if isinstance(writer, threading.Thread):  # the InfluxDB writer: its state is its own,
+            store = self.store  # so a dead one is reported, not restarted from outside
+            sup.watch(writer.name, lambda: store._thread, None, f"store:{store.name}")
+        sup.start()
 
     def stop(self) -> None:
         """Stop the loop, write what is buffered, close the stores (SIGTERM path)."""
+        self.supervisor.stop()  # first: threads that stop now are not restarted
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
@@ -274,8 +307,14 @@ class Agent:
         while not self._stop.is_set():
             try:
                 self.tick()
-            except Exception:  # the loop must survive anything one tick does
+            except Exception as exc:  # the loop must survive anything one tick does
+                self.tick_failures += 1
+                self.tick_error = f"{exc.__class__.__name__}: {exc}"[:500]
+                self._failed_at.append(time.monotonic())
                 log.exception("tick failed")
+            else:
+                self.tick_failures = 0
+            self.supervisor.ensure_running()
             deadline += interval
             now = time.monotonic()
             if now > deadline:
@@ -319,7 +358,8 @@ class Agent:
     def tick(self, now_ns: int | None = None) -> None:
         started = time.perf_counter()
         self._run_calls()
-        now_ns = now_ns or time.time_ns()
+        now_ns = now_ns or self.clock.wall_ns()
+        mono_ns = self.clock.mono_ns()
         for collector in self.collectors:
             t0 = time.perf_counter()
             try:
@@ -336,17 +376,17 @@ class Agent:
             self._enqueue(samples)
             self.windows.add(samples, now_ns=now_ns)  # detection goes on while the store fails
         self._flush()
-        mono = time.monotonic()
+        mono = mono_ns / 1e9
         if mono >= self._next_reload:
             self._reload_rules()
-        self.engine.evaluate(now_ns)
+        self.engine.evaluate(now_ns, mono_ns)
         try:
-            self.ladder.tick(now_ns, self.engine.firing(), time.monotonic_ns())
+            self.ladder.tick(now_ns, self.engine.firing(), mono_ns)
         except Exception:  # recorded per step; this is the ladder's own bug, never the loop's
             log.exception("escalation ladder failed")
         if self.alerting.enabled:
             try:  # decides and enqueues only; Slack is spoken to by the senders' threads
-                self.alerting.tick(now_ns, self.engine.firing())
+                self.alerting.tick(now_ns, self.engine.firing(), mono_ns)
             except Exception:
                 log.exception("alerting failed")
         if mono >= self._next_maintain:
@@ -356,23 +396,36 @@ class Agent:
             except StoreError as exc:
                 self.metrics.store_errors.labels(self.store.name, "maintain").inc()
                 log.warning("store retention failed: %s", exc)
+            self._prune_incidents(now_ns)
         self.ticks += 1
         self.last_tick_mono = time.monotonic()
         self.metrics.tick_duration.observe(time.perf_counter() - started)
 
+    def _prune_incidents(self, now_ns: int) -> None:
+        """Resolved incidents past `incidents.retention` go (the table would grow forever)."""
+        cutoff = now_ns - int(self.settings.incidents.retention * 1e9)
+        try:
+            pruned = self.incidents.prune(cutoff)
+        except Exception as exc:  # retried at the next maintenance
+            log.warning("incident retention failed: %s", exc)
+            return
+        if pruned:
+            log.info("deleted %d incidents resolved more than %s ago", pruned,
+                     format_duration(self.settings.incidents.retention))
+
     def _reload_rules(self) -> None:
         self.policies.reload()
         changed = self.rules.reload()
-        self._rules_invalid_event(time.time_ns())
+        self._rules_invalid_event(self.clock.wall_ns())
         if changed or not self.ticks:
-            backfilled = self.engine.sync_windows(self.store, time.time_ns())
+            backfilled = self.engine.sync_windows(self.store, self.clock.wall_ns())
             if backfilled:
                 log.info("backfilled %d samples of new rules' windows from the store",
                          backfilled)
             restored = self.engine.restore()  # incidents whose rule is (again) loaded
             if restored:
                 log.info("continuing %d open incidents from before the restart", restored)
-        self._next_reload = time.monotonic() + RULE_RELOAD_S
+        self._next_reload = self.clock.mono_ns() / 1e9 + RULE_RELOAD_S
 
     def _rules_invalid_event(self, now_ns: int) -> None:
         """A rejected rule file is an incident of its own: visible in the UI, the API and (with
@@ -438,22 +491,56 @@ class Agent:
 
     def alive(self) -> bool:
         """The loop has ticked recently (liveness: restart the agent when this is false)."""
-        limit = max(5 * self.settings.interval, 10.0)
-        return self._thread is not None and time.monotonic() - self.last_tick_mono < limit
+        return not self.liveness_problem()
+
+    def _limit_s(self) -> float:
+        return max(5 * self.settings.interval, 10.0)
+
+    def liveness_problem(self) -> str:
+        """Why the loop is not keeping its beat ("" while it is): /healthz says it."""
+        limit = self._limit_s()
+        if self._thread is None:
+            return "the loop has not started"
+        age = time.monotonic() - self.last_tick_mono
+        if age < limit:
+            return ""
+        why = f"no tick completed for {age:.3g}s (limit {limit:g}s)" if self.ticks else (
+            "no tick has completed yet")
+        if self.tick_failures:
+            why += f"; the last {self.tick_failures} ticks failed: {self.tick_error}"
+        elif not self._thread.is_alive():
+            why += "; the loop thread is down, its restart is pending"
+        return why
+
+    def tick_problem(self) -> str:
+        """Ticks that failed lately, even between ones that did not: /readyz says it."""
+        now, limit = time.monotonic(), self._limit_s()
+        recent = sum(1 for at in self._failed_at if now - at < limit)
+        if not recent:
+            return ""
+        return f"{recent} ticks failed in the last {limit:g}s; the last: {self.tick_error}"
 
     def components(self) -> list[ComponentStatus]:
-        out = []
+        out = [self._loop_status()]
         for collector in self.collectors:
             status = collector.status()
             error = self._collector_errors.get(collector.name)
             if error:
                 status.ok, status.reason = False, error
+            self._thread_fields(status)
             out.append(status)
         store = self.store.status()
         if self._store_error:
             store.ok, store.reason = False, self._store_error
         store.details["buffered_samples"] = len(self._buffer)
+        self._thread_fields(store)
         out.append(store)
+        unsaved = self.engine.unsaved
+        out.append(ComponentStatus(
+            "incidents", ok=not unsaved,
+            reason=(f"{unsaved} incident changes wait to be saved: "
+                    f"{self.engine.save_error}")[:2000] if unsaved else "",
+            details={"unsaved": unsaved, "path": str(self.incidents.path)}))
         rule_errors = self.rules.errors
         loaded = len(self.rules.rules)
         reason = "; ".join(rule_errors.values())[:2000] or (
@@ -467,11 +554,12 @@ class Agent:
             "detectors", ok=not self.detectors.errors,
             reason="; ".join(self.detectors.errors.values())[:2000],
             details={"available": sorted(self.detectors.types),
-                     "providers": dict(self.detectors.providers)},
+                     "providers": dict(self.detectors.providers),
+                     "stuck_workers": self.engine.stuck_workers},
         ))
         if self.settings.kubernetes.enabled:
             if self.pods is not None:
-                out.append(self.pods.status())
+                out.append(self._thread_fields(self.pods.status()))
             else:
                 out.append(ComponentStatus("kubernetes", ok=False, reason=self._kube_error))
         problems = {**self.policies.errors, **self.ladder.errors}
@@ -486,18 +574,44 @@ class Agent:
                                   for r in self.ledger.rungs()]},
         ))
         if self.alerting.enabled:
-            out.append(self.alerting.status())
+            out.append(self._thread_fields(self.alerting.status()))
         if self.forwarder is not None:
-            out.append(self.forwarder.status())
+            out.append(self._thread_fields(self.forwarder.status()))
+        out.append(self.supervisor.status())
         return out
 
+    def _loop_status(self) -> ComponentStatus:
+        problem = self.liveness_problem() or self.tick_problem()
+        age = time.monotonic() - self.last_tick_mono if self.ticks else None
+        return self._thread_fields(ComponentStatus(
+            "loop", ok=not problem, reason=problem,
+            details={"ticks": self.ticks, "interval_s": self.settings.interval,
+                     "last_tick_age_s": None if age is None else round(age, 3),
+                     "consecutive_failures": self.tick_failures}))
+
+    def _thread_fields(self, status: ComponentStatus) -> ComponentStatus:
+        """The supervisor's view of the threads behind a component: down means not ok."""
+        threads = {w.name: w for w in self.supervisor.watched.values()
+                   if w.component == status.name}
+        if not threads:
+            return status
+        status.details["threads"] = {name: w.as_dict() for name, w in threads.items()}
+        down = [w for w in threads.values() if w.down_since is not None]
+        if down:
+            status.ok = False
+            why = "; ".join(f"thread {w.name} is down ({w.restarts} restarts so far): "
+                            f"{w.last_reason}" for w in down)
+            status.reason = "; ".join(filter(None, [why, status.reason]))[:2000]
+        return status
+
     def ready(self) -> bool:
-        """Ready when the loop runs, the store takes writes and the rules loaded cleanly.
+        """Ready when the loop keeps its beat, the stores take writes and the rules loaded
+        cleanly.
 
         Collectors and Kubernetes report separately: a node without PSI still guards.
         """
         essential = [c.ok for c in self.components()
-                     if c.name.startswith("store:") or c.name == "rules"]
+                     if c.name.startswith("store:") or c.name in ("rules", "loop", "incidents")]
         return self.alive() and all(essential)
 
 

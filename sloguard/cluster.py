@@ -162,6 +162,9 @@ class ClusterServer:
     def alive(self) -> bool:
         return True
 
+    def liveness_problem(self) -> str:
+        return ""
+
     def ready(self) -> bool:
         return True
 

@@ -176,6 +176,13 @@ class CpiCollectorConfig(_Section):
     enabled: bool = Field(True, description="cycles per instruction via perf_event_open")
 
 
+class IncidentsConfig(_Section):
+    retention: Duration = Field(
+        30 * 86400, gt=0,
+        description="resolved incidents resolved longer ago than this are deleted (open "
+                    "ones are kept however old)")
+
+
 class CollectorsConfig(_Section):
     node: NodeCollectorConfig = Field(default_factory=NodeCollectorConfig)
     cgroups: CgroupCollectorConfig = Field(default_factory=CgroupCollectorConfig)
@@ -717,6 +724,7 @@ class Settings(BaseSettings):
     interval: Duration = Field(1.0, gt=0, description="collection and evaluation tick")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     store: StoreConfig = Field(default_factory=StoreConfig)
+    incidents: IncidentsConfig = Field(default_factory=IncidentsConfig)
     collectors: CollectorsConfig = Field(default_factory=CollectorsConfig)
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
     rules: RulesConfig = Field(default_factory=RulesConfig)

@@ -18,6 +18,12 @@ RESOLVED = "resolved"
 STATES = (PENDING, FIRING, RESOLVED)
 SEVERITIES = ("info", "warning", "critical")
 MAX_EVIDENCE = 50
+# An incident that flaps for days (a lever applied and undone every few minutes) must not grow
+# a document that is rewritten on every save: beyond MAX_ACTIONS, the middle is replaced by one
+# record counting what was left out (the audit log in actuators.db keeps every action).
+MAX_ACTIONS = 200
+KEEP_FIRST_ACTIONS = 50
+COMPACTED = "compacted"
 
 
 def new_incident_id(now_ns: int | None = None) -> str:
@@ -82,6 +88,28 @@ class Incident:
         self.evidence.append(item)
         if len(self.evidence) > MAX_EVIDENCE:
             del self.evidence[1]
+
+    def compact(self) -> None:
+        """Bound evidence and actions, however they were added (the ladder appends actions
+        itself): the first ones and the most recent stay, the middle is counted."""
+        if len(self.evidence) > MAX_EVIDENCE:
+            del self.evidence[1:len(self.evidence) - MAX_EVIDENCE + 1]
+        if len(self.actions) <= MAX_ACTIONS:
+            return
+        head = self.actions[:KEEP_FIRST_ACTIONS]
+        rest = self.actions[KEEP_FIRST_ACTIONS:]
+        omitted = 0
+        if rest and rest[0].step == COMPACTED:  # compacted before: add to its count
+            omitted = int(rest[0].target or 0)
+            rest = rest[1:]
+        keep = MAX_ACTIONS - KEEP_FIRST_ACTIONS - 1
+        dropped, tail = rest[:-keep], rest[-keep:]
+        omitted += len(dropped)
+        marker = ActionRecord(dropped[-1].time_ns if dropped else tail[0].time_ns, COMPACTED,
+                              str(omitted), False, "omitted",
+                              f"{omitted} actions left out of this incident; the audit log "
+                              "(/api/actions) has every one")
+        self.actions = [*head, marker, *tail]
 
     @property
     def peak(self) -> float | None:

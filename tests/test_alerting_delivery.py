@@ -130,6 +130,27 @@ def test_429_retry_after_is_honoured(slack, pipelines):
     assert slack.calls("conversations.history") == []  # a 429 is a refusal: nothing to check
 
 
+def test_a_retry_wait_is_not_stretched_by_the_wall_clock_stepping_back(slack, pipelines,
+                                                                       monkeypatch):
+    """Issue #19: a retry was due at a wall time; the wall clock stepped back an hour during
+    the wait and the message waited an hour more. The wait runs on the monotonic clock."""
+    incidents = Incidents()
+    alerting = pipelines(alerting_config([webhook_receiver(slack)]), incidents)
+    slack.fault("webhook", status=429, retry_after=2)
+    real, stepped = time.time_ns, []
+    monkeypatch.setattr(time, "time_ns", lambda: real() - (3600 * S if stepped else 0))
+    fire(alerting, incidents, 1)
+    deadline = time.monotonic() + 10
+    while not alerting.db.rows("SELECT 1 FROM outbox WHERE not_before_ns > 0"):
+        assert time.monotonic() < deadline, "the 429 was never recorded"
+        time.sleep(0.01)
+    stepped.append(True)  # the wall clock steps an hour back while the retry waits
+    drained(alerting, 15)
+    first, second = slack.calls("webhook")
+    assert (first.status, second.status) == (429, 200)
+    assert 1.9 <= second.at - first.at < 10
+
+
 def test_slow_slack_that_did_post_is_not_posted_twice(slack, pipelines):
     incidents = Incidents()
     alerting = pipelines(alerting_config([bot_receiver(slack, timeout=1)]), incidents)

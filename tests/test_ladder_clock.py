@@ -61,3 +61,32 @@ def test_a_wall_clock_step_changes_no_hold(tmp_path, jump):
     [cordon] = [e for e in ledger.audit_log() if e.kind == "cordon"]
     assert cordon.time_ns == wall(20)  # the label is wall time
     assert cordon.status == "skipped"
+
+
+def test_old_evidence_does_not_look_new_after_the_wall_clock_steps_back(tmp_path):
+    """A rung past cordon needs fresh evidence; evidence that stopped coming stays stale
+    however far the wall clock is stepped back (today's main took it for an hour)."""
+    from sloguard.incidents import Evidence
+
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "guard.yaml").write_text(
+        "policies:\n  - name: guard\n    stale_after: 10s\n    steps:\n      - step: notify\n"
+        "      - step: reduce_capacity\n        after: 20s\n        params: {percent: 50}\n")
+    ledger = Ledger(tmp_path / "actuators.db")
+    factory = StepFactory(ActuatorEnv("node-a", ledger))
+    policies = PolicySet([str(tmp_path / "p")], validate_step=factory.check)
+    assert policies.reload(), policies.errors
+    store = IncidentStore(tmp_path / "incidents.db")
+    ladder = Ladder("node-a", policies, ledger, factory.make, store.save, store.get,
+                    dry_run=False, open_incidents=store.open_incidents)
+    wall0, mono0 = 1_800_000_000 * S, 5_000 * S
+    incident = Incident("inc-1", "f", "LSLatency", "ls", "critical", "node-a", FIRING, {},
+                        wall0, wall0, fired_ns=wall0, policy="guard")
+    store.save(incident)
+    for second in range(0, 30):
+        wall = wall0 + second * S - (HOUR if second >= 5 else 0)
+        if second < 5:  # evidence stops coming at 4 s
+            incident.add_evidence(Evidence(wall, 30.0, 10.0, "crossed"))
+        ladder.tick(wall, [incident], mono0 + second * S)
+    kinds = [e.kind for e in ledger.audit_log()]
+    assert kinds == ["notify"], kinds  # reduce_capacity held: no fresh evidence

@@ -10,7 +10,7 @@ import pytest
 
 from sloguard.actuators.dryrun import DryRunActuator
 from sloguard.detector.api import hookimpl
-from sloguard.detector.engine import Engine, aggregate, render
+from sloguard.detector.engine import Engine, SignalKey, aggregate, render
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import RuleFileError, RuleSet, load_rule_file
@@ -238,6 +238,57 @@ def test_failing_and_hanging_detectors_do_not_stop_the_others(tmp_path):
     assert "longer than 0.2s" in h.engine.status["ls/Stuck"].error
     assert h.engine.status["ls/Stuck"].evaluations == 1  # skipped after being cut off
     assert h.engine.status["ls/LSSlow"].error == ""
+
+
+def test_a_rule_that_hangs_for_good_leaves_one_stuck_worker_not_one_per_backoff(tmp_path):
+    """Issue #19: each retry of a rule whose plugin never returns abandoned one more worker
+    thread, and an abandoned worker whose work did return waited for more work forever."""
+    import threading
+    import time as clock
+
+    from sloguard.detector.engine import HUNG_BACKOFF_S
+
+    release = threading.Event()
+
+    class Forever:
+        name = "forever"
+
+        def __init__(self, params):
+            pass
+
+        def update(self, value, time_ns):
+            release.wait(60)
+            return Threshold({"above": 10}).update(value, time_ns)
+
+    class Plugin:
+        @hookimpl
+        def sloguard_detectors(self):
+            return [Forever]
+
+    def workers():
+        return [t for t in threading.enumerate() if t.name == "detectors"]
+
+    before = len(workers())
+    text = RULES.replace("        params: {above: 10, recover_below: 5}\n",
+                         "        detector: forever\n")
+    h = _Harness(tmp_path, text, registry=DetectorRegistry(plugins=[Plugin()]), timeout_s=0.2)
+    backoff = int(HUNG_BACKOFF_S)
+    try:
+        for second in range(0, 6 * backoff, backoff // 2):
+            h.at(second, 30.0)
+        assert h.engine.status["ls/LSSlow"].evaluations == 1  # waits for the stuck code
+        assert "once that code has returned" in h.engine.status["ls/LSSlow"].error
+        assert h.engine.stuck_workers == 1
+        assert len(workers()) - before == 1  # the stuck one (no fresh one was needed)
+    finally:
+        release.set()
+    deadline = clock.monotonic() + 5
+    while len(workers()) > before and clock.monotonic() < deadline:
+        clock.sleep(0.01)
+    assert len(workers()) == before  # the abandoned worker ended once its work returned
+    assert h.engine.stuck_workers == 0
+    h.at(6 * backoff, 30.0)  # tried again: it runs (on a new worker) and can fire
+    assert h.engine.status["ls/LSSlow"].evaluations == 2
 
 
 def test_backfill_from_the_store_continues_windows_after_restart(tmp_path):
@@ -629,6 +680,38 @@ def test_unless_without_any_series_blocks_nothing(tmp_path):
     assert [i.state for i in h.all()] == [FIRING]
 
 
+@pytest.mark.parametrize("batches", [True, False])
+def test_a_stateful_detector_under_unless_warms_up(tmp_path, batches):
+    """Issue #19: a condition's detector lives from one evaluation to the next. Signal keys
+    were strings, and only an `#andN` suffix was parsed back off them: every detector under
+    `unless:` was dropped after each evaluation, so an EWMA there never left its warm-up and
+    the `unless` never blocked anything."""
+    text = UNLESS.replace("params: {above: 5, recover_below: 1}",
+                          "detector: ewma\n            params: {warmup: 3, min_std: 1}"
+                          ).replace("aggregate: max\n            window: 3s\n            detector",
+                                    "aggregate: last\n            window: 3s\n            detector")
+    h = _Harness(tmp_path, text, batches=batches)
+
+    def be(second, usage, stall):
+        samples = [Sample("cpu", {"node": "node-a", "class": "BE", "pod": "batch"},
+                          {"usage": usage}, T0 + second * S),
+                   Sample("io", {"node": "node-a", "class": "BE", "pod": "batch"},
+                          {"stall": stall}, T0 + second * S)]
+        h.windows.add(samples)
+
+    for second in range(6):  # the EWMA learns the BE pod's usual stall; LS is fine
+        be(second, 0.2, stall=1.0)
+        h.at(second, 1.0)
+    for second in range(6, 12):  # LS slow, BE busy, but BE stalls on I/O: not this rule's case
+        be(second, 1.9, stall=50.0)
+        h.at(second, 30.0)
+    assert h.all() == []
+    for second in range(12, 18):  # the stall is back to its usual: nothing blocks the rule
+        be(second, 1.9, stall=1.0)
+        h.at(second, 30.0)
+    assert [i.state for i in h.all()] == [FIRING]
+
+
 def test_unless_conditions_are_validated(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(UNLESS.replace("params: {above: 5, recover_below: 1}",
@@ -681,6 +764,9 @@ def test_a_hung_rule_is_retried_after_a_backoff_and_can_resolve(tmp_path):
     Sometimes.slow = False
     h.at(5, 1.0)
     assert h.engine.status["ls/LSSlow"].evaluations == 5  # backing off
+    deadline = clock.monotonic() + 5
+    while h.engine.stuck_workers and clock.monotonic() < deadline:
+        clock.sleep(0.01)  # the cut-off call returns (a rule is not retried while it runs)
     backoff = int(HUNG_BACKOFF_S)
     for second in range(5 + backoff, 9 + backoff):
         h.at(second, 1.0)
@@ -702,9 +788,10 @@ def test_one_failing_series_does_not_block_the_others(tmp_path):
     for second in range(4, 8):
         h.at(second, 1.0)
         h.at(second, 1.0, pod="web-2")
-        key = ("ls/LSSlow", (("class", "LS"), ("node", "node-a"), ("pod", "web-2")))
-        spec, _ = h.engine._detectors[key]
-        h.engine._detectors[key] = (spec, Broken())
+        series = (("class", "LS"), ("node", "node-a"), ("pod", "web-2"))
+        detectors = h.engine._detectors[SignalKey("ls/LSSlow")]
+        spec, _ = detectors[series]
+        detectors[series] = (spec, Broken())
     assert "1 series failed" in h.engine.status["ls/LSSlow"].error
     assert h.all()[0].state == RESOLVED  # web-1 still resolved
 
@@ -859,8 +946,10 @@ def test_a_hash_in_the_group_name_keeps_detector_state(tmp_path, batches):
 
 def test_an_abandoned_worker_never_shares_a_detector_with_the_retried_rule(tmp_path):
     """A rule cut off at its deadline leaves its worker running on; when the rule is tried
-    again, its detectors must not be the ones that worker may still be updating."""
+    again, its detectors must not be the ones that worker may still be updating (it is not
+    tried again while that worker runs, and then on detectors built afresh)."""
     import threading
+    import time
 
     from sloguard.detector.engine import HUNG_BACKOFF_S
 
@@ -900,9 +989,14 @@ def test_an_abandoned_worker_never_shares_a_detector_with_the_retried_rule(tmp_p
         h.at(1, 30.0)  # cut off: its worker waits inside update
         assert "longer than 0.2s" in h.engine.status["ls/LSSlow"].error
         Exclusive.block = False
-        h.at(2 + int(HUNG_BACKOFF_S), 30.0)  # tried again while that worker still waits
+        h.at(2 + int(HUNG_BACKOFF_S), 30.0)  # due again, but that worker still waits:
+        assert h.engine.status["ls/LSSlow"].evaluations == 2  # not tried meanwhile
     finally:
         release.set()
+    deadline = time.monotonic() + 5
+    while h.engine.stuck_workers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    h.at(3 + int(HUNG_BACKOFF_S), 30.0)  # its code returned: tried again, on fresh detectors
     assert overlaps == []
     assert h.engine.status["ls/LSSlow"].error == ""
 

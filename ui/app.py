@@ -133,8 +133,9 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
     @app.get("/healthz", tags=["health"], responses={
         503: {"description": "the agent's loop has not ticked recently: restart it"}})
     def healthz() -> Response:
-        ok = agent.alive()
-        return JSONResponse({"ok": ok, "ticks": agent.ticks}, status_code=200 if ok else 503)
+        problem = agent.liveness_problem()
+        body = {"ok": not problem, "ticks": agent.ticks, "reason": problem}
+        return JSONResponse(body, status_code=503 if problem else 200)
 
     @app.get("/readyz", tags=["health"], responses={
         503: {"description": "not ready: a component it needs does not work (see components)"}})

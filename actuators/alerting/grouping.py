@@ -85,6 +85,13 @@ def group_key(route: Route, labels: dict[str, str]) -> str:
 
 
 class Dispatcher:
+    """Groups and their timers. `group_wait`, `group_interval` and `repeat_interval` run on the
+    monotonic clock (`mono_ns`); the wall times kept on each group (`next_flush_ns`,
+    `notified_ns`) are labels, saved so that a restarted agent can take the timers up again:
+    then, the time left is read from them, bounded by the interval itself, so a wall clock
+    stepped while the agent was down delays a flush by at most one interval. Without `mono_ns`
+    (tests stepping simulated time) the wall time given is the only clock."""
+
     def __init__(self, root: Route, groups: list[Group]) -> None:
         self.root = root
         self.routes = {route.id: route for route in root.walk()}
@@ -93,12 +100,30 @@ class Dispatcher:
                        if g.route in self.routes and self.routes[g.route].receiver == g.receiver}
         self.dirty: set[str] = set()
         self.deleted: set[str] = {g.key for g in groups} - set(self.groups)
+        self._flush_at: dict[str, int] = {}  # group key -> monotonic time of its next flush
+        self._told_at: dict[str, int] = {}  # group key -> monotonic time of its last notice
+
+    def _timers(self, group: Group, now_ns: int, mono_ns: int) -> tuple[int, int | None]:
+        """The group's next flush and last notification on the monotonic clock."""
+        flush_at = self._flush_at.get(group.key)
+        if flush_at is None:
+            route = self.routes[group.route]
+            longest = int(max(route.group_wait, route.group_interval) * 1e9)
+            left = min(max(group.next_flush_ns - now_ns, 0), longest)
+            flush_at = self._flush_at[group.key] = mono_ns + left
+        told_at = self._told_at.get(group.key)
+        if told_at is None and group.notified is not None:
+            route = self.routes[group.route]
+            ago = min(max(now_ns - group.notified_ns, 0), int(route.repeat_interval * 1e9))
+            told_at = self._told_at[group.key] = mono_ns - ago
+        return flush_at, told_at
 
     def tracked(self) -> set[str]:
         return {key for group in self.groups.values() for key in group.members}
 
-    def assign(self, alerts: list[Alert], now_ns: int) -> None:
+    def assign(self, alerts: list[Alert], now_ns: int, mono_ns: int | None = None) -> None:
         """Put each firing alert in the groups of the routes that take it."""
+        mono = now_ns if mono_ns is None else mono_ns
         for alert in alerts:
             if not alert.firing:
                 continue  # a resolved alert stays only in the groups it fired in
@@ -110,20 +135,27 @@ class Dispatcher:
                     group = self.groups[key] = Group(
                         key, route.id, route.receiver, labels, f"{now_ns:x}", now_ns,
                         now_ns + int(route.group_wait * 1e9))
+                    self._flush_at[key] = mono + int(route.group_wait * 1e9)
+                    self._told_at.pop(key, None)
                     self.deleted.discard(key)
                 if alert.key not in group.members:
                     group.members.append(alert.key)
                     self.dirty.add(key)
 
-    def due(self, now_ns: int) -> list[Group]:
-        return sorted((g for g in self.groups.values() if now_ns >= g.next_flush_ns),
-                      key=lambda g: (g.next_flush_ns, g.key))
+    def due(self, now_ns: int, mono_ns: int | None = None) -> list[Group]:
+        mono = now_ns if mono_ns is None else mono_ns
+        timed = [(self._timers(g, now_ns, mono)[0], g) for g in self.groups.values()]
+        return [g for at, g in sorted((t for t in timed if mono >= t[0]),
+                                      key=lambda t: (t[0], t[1].key))]
 
     def flush(self, group: Group, alerts: dict[str, Alert], muted: set[str],
-              now_ns: int) -> Flush | None:
+              now_ns: int, mono_ns: int | None = None) -> Flush | None:
         """Decide whether this flush notifies; update the notification log if it does."""
+        mono = now_ns if mono_ns is None else mono_ns
         route = self.routes[group.route]
+        _, told_at = self._timers(group, now_ns, mono)
         group.next_flush_ns = now_ns + int(route.group_interval * 1e9)
+        self._flush_at[group.key] = mono + int(route.group_interval * 1e9)
         self.dirty.add(group.key)
         members = [alerts[k] for k in group.members if k in alerts]
         firing = [a for a in members if a.firing and a.key not in muted]
@@ -131,7 +163,7 @@ class Dispatcher:
         notified = group.notified
         told = notified or {}
         resolved = [a for a in members if not a.firing and a.key in told]
-        reason = self._reason(group, firing, resolved, route, now_ns)
+        reason = self._reason(group, firing, resolved, route, mono, told_at)
         flush = None
         if reason is not None:
             flush = Flush(reason, group, firing, resolved, hidden,
@@ -139,19 +171,22 @@ class Dispatcher:
             group.notified = {a.key: {"digest": digest(a.incident),
                                       "news": len(news(a.incident))} for a in firing}
             group.notified_ns = now_ns
+            self._told_at[group.key] = mono
         # resolved alerts leave the group once the flush that could tell about them is done
         group.members = [a.key for a in members if a.firing]
         if group.notified is not None:
             group.notified = {k: v for k, v in group.notified.items() if k in group.members}
         if not group.members:
             del self.groups[group.key]
+            self._flush_at.pop(group.key, None)
+            self._told_at.pop(group.key, None)
             self.deleted.add(group.key)
             self.dirty.discard(group.key)
         return flush
 
     @staticmethod
     def _reason(group: Group, firing: list[Alert], resolved: list[Alert], route: Route,
-                now_ns: int) -> str | None:
+                mono_ns: int, told_at: int | None) -> str | None:
         told = group.notified
         if told is None:
             return FIRST if firing else None
@@ -161,7 +196,8 @@ class Dispatcher:
             return CHANGED
         if resolved:
             return RESOLVED
-        if firing and now_ns - group.notified_ns >= int(route.repeat_interval * 1e9):
+        if firing and told_at is not None and (
+                mono_ns - told_at >= int(route.repeat_interval * 1e9)):
             return REPEAT
         return None
 

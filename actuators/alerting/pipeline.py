@@ -132,7 +132,9 @@ class Alerting:
 
     # -- one tick ----------------------------------------------------------------------------
 
-    def tick(self, now_ns: int, firing: list[Incident]) -> None:
+    def tick(self, now_ns: int, firing: list[Incident], mono_ns: int | None = None) -> None:
+        """One tick: `now_ns` (wall) stamps messages and matches silences, which are written
+        in wall time; `mono_ns` (monotonic) runs the group timers (grouping.Dispatcher)."""
         mono = time.monotonic()
         if mono >= self._next_own:  # the agent's own events (RulesInvalid) are not the engine's
             self._next_own = mono + OWN_SCAN_S
@@ -150,8 +152,8 @@ class Alerting:
         muted = {a.key for a in alerts.values() if a.firing and (
             self.silences.silencing(a.labels, now_ns)
             or self.inhibitor.inhibited_by(a.key, a.labels, sources))}
-        self.dispatcher.assign(list(alerts.values()), now_ns)
-        due = self.dispatcher.due(now_ns)
+        self.dispatcher.assign(list(alerts.values()), now_ns, mono_ns)
+        due = self.dispatcher.due(now_ns, mono_ns)
         gc = mono >= self._next_gc
         if not (due or self.dispatcher.dirty or self.dispatcher.deleted or gc):
             return
@@ -159,7 +161,7 @@ class Alerting:
         try:
             with self.db.transaction() as conn:
                 for group in due:
-                    flush = self.dispatcher.flush(group, alerts, muted, now_ns)
+                    flush = self.dispatcher.flush(group, alerts, muted, now_ns, mono_ns)
                     if flush is not None:
                         queued = self._enqueue(conn, flush, now_ns) or queued
                 self.dispatcher.save(conn)

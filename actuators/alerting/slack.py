@@ -123,6 +123,9 @@ class SlackSender:
         self._client: Any = None
         self._secrets: set[str] = set()
         self._next_send = 0.0  # monotonic: the rate limit
+        # outbox id -> monotonic time its retry is due: the wall time saved in the outbox is
+        # for a restarted agent (bounded then); a wall clock stepped back must not hold it
+        self._retry_at: dict[int, float] = {}
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -159,9 +162,15 @@ class SlackSender:
         entry = self.outbox.head(self.name)
         if entry is None:
             return 2.0
-        now_ns = time.time_ns()
-        if entry.not_before_ns > now_ns:
-            return min((entry.not_before_ns - now_ns) / 1e9, 2.0)
+        due = self._retry_at.get(entry.id)
+        if due is not None:
+            wait = due - time.monotonic()
+        else:  # decided before a restart: the wall time left, at most the longest wait
+            longest = max(self.backoff_s[1], RECEIVER_RETRY_S, RETRY_AFTER_MAX_S)
+            wait = min((entry.not_before_ns - time.time_ns()) / 1e9, longest)
+        if wait > 0:
+            return min(wait, 2.0)
+        self._retry_at.pop(entry.id, None)
         hold = self._next_send - time.monotonic()
         if hold > 0:
             return hold
@@ -350,8 +359,7 @@ class SlackSender:
         self.problem = ""
 
     def _rate_limited(self, entry: Entry, wait_s: float, unknown: bool) -> None:
-        self.outbox.retry(entry, time.time_ns() + int(wait_s * 1e9),
-                          f"rate limited: Retry-After {wait_s:g}s", unknown)
+        self._retry(entry, wait_s, f"rate limited: Retry-After {wait_s:g}s", unknown)
         self.on_result(entry.kind, "rate_limited")
         log.info("receiver %s: rate limited, waiting %gs as Slack asks", self.name, wait_s)
 
@@ -359,7 +367,7 @@ class SlackSender:
                    delay_s: float | None = None) -> None:
         delay = delay_s if delay_s is not None else self._backoff(entry.attempts)
         error = self._redact(error)
-        self.outbox.retry(entry, time.time_ns() + int(delay * 1e9), error, unknown)
+        self._retry(entry, delay, error, unknown)
         self.on_result(entry.kind, "retry")
         self._set_problem(f"{error} (retrying in {delay:.1f}s)")
 
@@ -367,9 +375,15 @@ class SlackSender:
         error = self._redact(error)
         delay = max(RECEIVER_RETRY_S, self._backoff(entry.attempts))
         delay = min(delay, max(self.backoff_s[1], 1.0))
-        self.outbox.retry(entry, time.time_ns() + int(delay * 1e9), error, unknown)
+        self._retry(entry, delay, error, unknown)
         self.on_result(entry.kind, "receiver_error")
         self._set_problem(error)
+
+    def _retry(self, entry: Entry, delay_s: float, error: str, unknown: bool) -> None:
+        if len(self._retry_at) > 1000:  # entries gone from the outbox meanwhile
+            self._retry_at.clear()
+        self._retry_at[entry.id] = time.monotonic() + delay_s
+        self.outbox.retry(entry, time.time_ns() + int(delay_s * 1e9), error, unknown)
 
     def _bad_message(self, entry: Entry, error: str) -> None:
         if entry.payload.get("blocks"):

@@ -44,6 +44,7 @@ class IncidentStore:
         self._conn = open_db(self.path, _SCHEMA, "the incident store", migrate=_migrate)
 
     def save(self, incident: Incident) -> None:
+        incident.compact()  # the ladder appends actions itself: bounded here, on every save
         row = (
             incident.id, incident.fingerprint, incident.state, incident.severity, incident.rule,
             incident.node, incident.started_ns, incident.updated_ns,
@@ -83,6 +84,15 @@ class IncidentStore:
             row = self._conn.execute(
                 "SELECT updated_ns FROM incidents WHERE id = ?", (incident_id,)).fetchone()
         return row[0] if row else None
+
+    def prune(self, resolved_before_ns: int, limit: int = 10_000) -> int:
+        """Delete incidents resolved before `resolved_before_ns` (at most `limit` per call, so
+        one call never holds the lock for long); returns how many went."""
+        with self._lock:
+            cursor = self._conn.execute(
+                "DELETE FROM incidents WHERE id IN (SELECT id FROM incidents WHERE state = ? "
+                "AND updated_ns < ? LIMIT ?)", (RESOLVED, resolved_before_ns, limit))
+        return cursor.rowcount
 
     def delete(self, incident_id: str) -> None:
         with self._lock:
