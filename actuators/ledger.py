@@ -211,22 +211,25 @@ class Ledger:
             statements.append(("DELETE FROM intents WHERE policy = ? AND rung = ?", intent_done))
         self._write("settle", statements)
 
-    def _write(self, what: str, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
-        """One transaction, between failpoints; on any error nothing of it is kept."""
+    def _write(self, what: str, statements: list[tuple[str, tuple[Any, ...]]]) -> int:
+        """One transaction, between failpoints; on any error nothing of it is kept. The rows
+        it changed."""
         if not statements:
-            return
+            return 0
         failpoints.hit(f"ledger.{what}:before")
+        changed = 0
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 for sql, args in statements:
-                    self._conn.execute(sql, args)
+                    changed += self._conn.execute(sql, args).rowcount
                 self._conn.execute("COMMIT")
             except BaseException:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
                 raise
         failpoints.hit(f"ledger.{what}:after")
+        return changed
 
     # -- intents (write-ahead) ---------------------------------------------------------------
 
@@ -301,6 +304,18 @@ class Ledger:
 
     def audit(self, entry: AuditEntry) -> None:
         self._write("audit", [_audit_insert(entry)])
+
+    def prune_audit(self, before_ns: int, batch: int = 5000) -> int:
+        """Drop the audit entries older than `before_ns` (the table would grow forever), a
+        batch per transaction so that a large backlog never holds the ledger for long."""
+        pruned = 0
+        while True:
+            deleted = self._write("prune_audit", [(
+                "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE time_ns < ? "
+                "ORDER BY id LIMIT ?)", (before_ns, batch))])
+            pruned += deleted
+            if deleted < batch:
+                return pruned
 
     def audit_after(self, after_id: int, limit: int = 100) -> list[AuditEntry]:
         """Entries recorded after id `after_id`, oldest first (what a forwarder sends)."""

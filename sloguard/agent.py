@@ -397,6 +397,7 @@ class Agent:
                 self.metrics.store_errors.labels(self.store.name, "maintain").inc()
                 log.warning("store retention failed: %s", exc)
             self._prune_incidents(now_ns)
+            self._prune_audit(now_ns)
         self.ticks += 1
         self.last_tick_mono = time.monotonic()
         self.metrics.tick_duration.observe(time.perf_counter() - started)
@@ -412,6 +413,19 @@ class Agent:
         if pruned:
             log.info("deleted %d incidents resolved more than %s ago", pruned,
                      format_duration(self.settings.incidents.retention))
+
+    def _prune_audit(self, now_ns: int) -> None:
+        """The actuators' audit past `actuators.audit_retention` goes (eviction budgets look
+        back an hour at most; the retention is at least that)."""
+        retention = self.settings.actuators.audit_retention
+        try:
+            pruned = self.ledger.prune_audit(now_ns - int(retention * 1e9))
+        except Exception as exc:  # retried at the next maintenance
+            log.warning("audit retention failed: %s", exc)
+            return
+        if pruned:
+            log.info("deleted %d audit entries older than %s", pruned,
+                     format_duration(retention))
 
     def _reload_rules(self) -> None:
         self.policies.reload()

@@ -231,6 +231,10 @@ class ActuatorsConfig(_Section):
     policies: list[str] = Field(
         default_factory=default_policy_paths,
         description="escalation policy files or directories of *.yaml")
+    audit_retention: Duration = Field(
+        90 * 86400, ge=3600,
+        description="audit entries older than this are deleted (at least 1h: the eviction "
+                    "budgets look back an hour)")
 
 
 def _loopback(host: str) -> bool:

@@ -209,3 +209,23 @@ def test_editing_a_policy_mid_episode_keeps_the_undo_of_the_lever_in_force(
     world.tick(7)
     world.tick(9)
     assert world.idle() == "0" and world.ledger.rungs() == []
+
+
+def test_the_audit_is_pruned_by_retention_in_batches(tmp_path):
+    from sloguard.actuators.ledger import AuditEntry, Ledger
+
+    ledger = Ledger(tmp_path / "actuators.db")
+    for i in range(12):
+        ledger.audit(AuditEntry(i * S, "node-a", "inc", "guard", 0, "evict", "apply", False,
+                                "done", "pod/x", "", ""))
+    assert ledger.prune_audit(10 * S, batch=4) == 10  # three batches
+    assert [e.time_ns for e in ledger.audit_log()] == [11 * S, 10 * S]
+
+
+def test_the_audit_retention_cannot_be_shorter_than_the_eviction_budgets(tmp_path):
+    from sloguard.config import ConfigError, load_settings
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("actuators:\n  audit_retention: 10m\n")
+    with pytest.raises(ConfigError, match="audit_retention"):
+        load_settings(bad)
