@@ -143,8 +143,12 @@ def config_show(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Print the effective configuration and where each value came from."""
+    from sloguard.forwarder import redact_url
+
     loaded = _load(config, data_dir, listen)
-    rows = loaded.effective()
+    # the forwarder's URL may carry credentials (userinfo, a proxy's key in the query)
+    rows = [(k, redact_url(v) if k == "forward.url" and v else v, s)
+            for k, v, s in loaded.effective()]
     if as_json:
         typer.echo(json.dumps(
             [{"key": k, "value": v, "source": s} for k, v, s in rows], default=str, indent=2))

@@ -111,6 +111,11 @@ def test_cli_config_show_and_version(tmp_path, sloguard_bin):
                            capture_output=True, text=True, timeout=60, check=True).stdout
     assert f"5.0  # {cfg}:1" in shown
     assert '"/x"  # command line --data-dir' in shown
+    cfg.write_text("forward:\n  url: https://agent:s3cret@server:8443/x?key=k3y\n  token: t\n")
+    shown = subprocess.run([sloguard_bin, "config", "show", "-c", str(cfg)],
+                           capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "s3cret" not in shown and "k3y" not in shown  # redacted, as in logs and /readyz
+    assert '"https://***@server:8443/x?***"' in shown
     version = subprocess.run([sloguard_bin, "version"], capture_output=True, text=True,
                              timeout=60, check=True).stdout
     assert version.startswith("sloguard ")
