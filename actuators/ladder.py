@@ -148,7 +148,11 @@ class Ladder:
         # a policy that fired on the last tick is visited too: its end is a transition even
         # when it never had a rung in force; so is one whose file is gone, to be forgotten
         gone = {n for n in self._saved if self.policies.get(n) is None}
-        for name in sorted(set(by_policy) | set(in_force) | self._was_firing | gone):
+        # an episode still open with nothing in force: the agent died between the last undo
+        # and the episode's end; visited so that it ends (the next one would inherit its order)
+        open_episodes = set(self.ledger.open_episodes())
+        for name in sorted(set(by_policy) | set(in_force) | self._was_firing | gone
+                           | open_episodes):
             rows = sorted(in_force.get(name, []), key=lambda r: r.rung)
             try:
                 self._tick_policy(name, rows, by_policy.get(name, []), now_ns)

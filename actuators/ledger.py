@@ -264,6 +264,10 @@ class Ledger:
                                      (policy,)).fetchone()
         return None if row is None else json.loads(row[0])
 
+    def open_episodes(self) -> list[str]:
+        with self._lock:
+            return [r[0] for r in self._conn.execute("SELECT policy FROM episodes")]
+
     def start_episode(self, policy: str, lever_order: list[str], now_ns: int) -> None:
         self._write("start_episode", [("INSERT OR REPLACE INTO episodes VALUES (?,?,?)",
                                        (policy, json.dumps(lever_order), now_ns))])

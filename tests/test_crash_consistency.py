@@ -229,3 +229,31 @@ def test_the_audit_retention_cannot_be_shorter_than_the_eviction_budgets(tmp_pat
     bad.write_text("actuators:\n  audit_retention: 10m\n")
     with pytest.raises(ConfigError, match="audit_retention"):
         load_settings(bad)
+
+
+def test_an_episode_left_open_by_a_crash_after_the_last_undo_is_ended(
+        real_cgroups, tmp_path, monkeypatch):
+    """Found by the sweep (killed right after the last undo was recorded): the open episode
+    was never visited again, so the next episode inherited its lever order."""
+    from sloguard import failpoints
+
+    world = _World(real_cgroups, tmp_path)
+    incident = world.incident()
+    world.tick(0, incident)
+
+    class Died(BaseException):
+        pass
+
+    def die(name: str) -> None:
+        if name == "ledger.end_episode:before":
+            raise Died
+
+    monkeypatch.setattr(failpoints, "hit", die)
+    with pytest.raises(Died):
+        for second in (1, 2, 3):
+            world.tick(second)
+    monkeypatch.undo()
+    assert world.ledger.rungs() == [] and world.ledger.open_episodes() == ["guard"]
+    world.ladder = world.make()  # the restart
+    world.tick(4)
+    assert world.ledger.open_episodes() == []

@@ -282,6 +282,7 @@ class Sweep:
                                     "action = 'apply' AND status = 'done'").fetchone()[0]
             intents = conn.execute("SELECT kind FROM intents").fetchall()
             rungs = conn.execute("SELECT kind FROM rungs").fetchall()
+            episodes = conn.execute("SELECT policy FROM episodes").fetchall()
         if recorded != len(evictions):
             bad.append(f"the ledger's audit records {recorded} evictions, the apiserver "
                        f"{len(evictions)}")
@@ -289,6 +290,8 @@ class Sweep:
             bad.append(f"intents left: {intents}")
         if rungs:
             bad.append(f"rungs left in force: {rungs}")
+        if episodes:
+            bad.append(f"episodes left open: {episodes}")
         return bad
 
 
