@@ -254,6 +254,11 @@ def test_an_episode_left_open_by_a_crash_after_the_last_undo_is_ended(
             world.tick(second)
     monkeypatch.undo()
     assert world.ledger.rungs() == [] and world.ledger.open_episodes() == ["guard"]
+    # as the sweep left it: the descent was saved on an earlier tick (its rungs came down one
+    # per undo_hold), so nothing says the policy fired
+    from sloguard.actuators.ledger import Descent
+
+    world.ledger.put_descent("guard", Descent(firing=False, came_down_ns=world.t0 + S))
     world.ladder = world.make()  # the restart
     world.tick(4)
     assert world.ledger.open_episodes() == []
