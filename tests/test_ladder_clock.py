@@ -25,12 +25,14 @@ policies:
       - step: cordon
         after: 20s
 """
+WALL0, MONO0 = 1_800_000_000 * S, 5_000 * S
 
 
-@pytest.mark.parametrize("jump", [HOUR, -HOUR], ids=["forward", "back"])
-def test_a_wall_clock_step_changes_no_hold(tmp_path, jump):
+def _world(tmp_path, policy: str) -> tuple[Ledger, IncidentStore, Ladder, Incident]:
+    """The real ladder on a real ledger and incident store, and one incident firing since
+    WALL0 (its clocks are the test's: nothing here reads the machine's)."""
     (tmp_path / "p").mkdir()
-    (tmp_path / "p" / "guard.yaml").write_text(POLICY)
+    (tmp_path / "p" / "guard.yaml").write_text(policy)
     ledger = Ledger(tmp_path / "actuators.db")
     factory = StepFactory(ActuatorEnv("node-a", ledger))
     policies = PolicySet([str(tmp_path / "p")], validate_step=factory.check)
@@ -38,13 +40,18 @@ def test_a_wall_clock_step_changes_no_hold(tmp_path, jump):
     store = IncidentStore(tmp_path / "incidents.db")
     ladder = Ladder("node-a", policies, ledger, factory.make, store.save, store.get,
                     dry_run=False, open_incidents=store.open_incidents)
-    wall0, mono0 = 1_800_000_000 * S, 5_000 * S
     incident = Incident("inc-1", "f", "LSLatency", "ls", "critical", "node-a", FIRING, {},
-                        wall0, wall0, fired_ns=wall0, policy="guard")
+                        WALL0, WALL0, fired_ns=WALL0, policy="guard")
     store.save(incident)
+    return ledger, store, ladder, incident
+
+
+@pytest.mark.parametrize("jump", [HOUR, -HOUR], ids=["forward", "back"])
+def test_a_wall_clock_step_changes_no_hold(tmp_path, jump):
+    ledger, store, ladder, incident = _world(tmp_path, POLICY)
 
     def wall(second: int) -> int:  # the wall clock is stepped at second 5
-        return wall0 + second * S + (jump if second >= 5 else 0)
+        return WALL0 + second * S + (jump if second >= 5 else 0)
 
     taken: dict[str, int] = {}
     for second in range(0, 40):
@@ -52,7 +59,7 @@ def test_a_wall_clock_step_changes_no_hold(tmp_path, jump):
         if not firing and incident.state == FIRING:
             incident.state = "resolved"
             store.save(incident)
-        ladder.tick(wall(second), [incident] if firing else [], mono0 + second * S)
+        ladder.tick(wall(second), [incident] if firing else [], MONO0 + second * S)
         for entry in ledger.audit_log():
             taken.setdefault(f"{entry.action} {entry.kind}", second)
     # cordon (unavailable here: skipped, but taken at its time) 20 s after notify, by the
@@ -68,25 +75,14 @@ def test_old_evidence_does_not_look_new_after_the_wall_clock_steps_back(tmp_path
     however far the wall clock is stepped back (today's main took it for an hour)."""
     from sloguard.incidents import Evidence
 
-    (tmp_path / "p").mkdir()
-    (tmp_path / "p" / "guard.yaml").write_text(
+    _, _, ladder, incident = _world(tmp_path, (
         "policies:\n  - name: guard\n    stale_after: 10s\n    steps:\n      - step: notify\n"
-        "      - step: reduce_capacity\n        after: 20s\n        params: {percent: 50}\n")
-    ledger = Ledger(tmp_path / "actuators.db")
-    factory = StepFactory(ActuatorEnv("node-a", ledger))
-    policies = PolicySet([str(tmp_path / "p")], validate_step=factory.check)
-    assert policies.reload(), policies.errors
-    store = IncidentStore(tmp_path / "incidents.db")
-    ladder = Ladder("node-a", policies, ledger, factory.make, store.save, store.get,
-                    dry_run=False, open_incidents=store.open_incidents)
-    wall0, mono0 = 1_800_000_000 * S, 5_000 * S
-    incident = Incident("inc-1", "f", "LSLatency", "ls", "critical", "node-a", FIRING, {},
-                        wall0, wall0, fired_ns=wall0, policy="guard")
-    store.save(incident)
+        "      - step: reduce_capacity\n        after: 20s\n        params: {percent: 50}\n"))
+    ledger = ladder.ledger
     for second in range(0, 30):
-        wall = wall0 + second * S - (HOUR if second >= 5 else 0)
+        wall = WALL0 + second * S - (HOUR if second >= 5 else 0)
         if second < 5:  # evidence stops coming at 4 s
             incident.add_evidence(Evidence(wall, 30.0, 10.0, "crossed"))
-        ladder.tick(wall, [incident], mono0 + second * S)
+        ladder.tick(wall, [incident], MONO0 + second * S)
     kinds = [e.kind for e in ledger.audit_log()]
     assert kinds == ["notify"], kinds  # reduce_capacity held: no fresh evidence
