@@ -519,14 +519,20 @@ class Ladder:
         ctx = self._context(incident.id, dry_run, now_ns, reason,
                             incident.labels.get("resource", ""), intend)
         result = self._run(spec, lambda step: step.apply(ctx))
-        if result.status == FAILED and announced:
+        # a step that announced a change and did not end in force (failed part-way, or
+        # skipped after a first write: cpuset enabled in a parent, then the target gone) has
+        # what it changed undone from its last intent
+        if announced and result.status not in (DONE, PROPOSED):
             step = self._step_or_none(spec)
             if step is not None and hasattr(step, "recover"):
+                if result.status != FAILED:
+                    return result, False  # its outcome is known: nothing was evicted
                 return result, True  # `_reconcile` finds out whether it happened
             undone = self._run(spec, lambda step: step.undo(
-                self._context(incident.id, False, now_ns, "the step failed part-way"),
+                self._context(incident.id, False, now_ns, "the step did not complete"),
                 announced[0]))
-            result.detail += f"; what it had changed: {undone.status}: {undone.detail}"
+            if undone.detail and "nothing was changed" not in undone.detail:
+                result.detail += f"; what it had changed: {undone.status}: {undone.detail}"
             return result, undone.status == FAILED
         # an attempt that announced nothing has no intent to end (one still pending from an
         # earlier attempt is `_reconcile`'s)
@@ -549,8 +555,14 @@ class Ladder:
                                audit=entry,
                                intent_done=None if keep_intent else (row.policy, row.rung))
         except Exception:
-            if action == "apply" and result.status == DONE and not row.dry_run:
-                spec = StepSpec.model_validate(row.spec or {"step": row.kind})
+            spec = StepSpec.model_validate(row.spec or {"step": row.kind})
+            step = self._step_or_none(spec)
+            if step is not None and hasattr(step, "recover"):
+                # cannot be undone (an eviction): its intent stays, counts against the budget
+                # and is looked up by `_reconcile` once the ledger takes writes again
+                log.error("policy %s: %s could not be recorded in the ledger; its intent stays "
+                          "for a later look-up", row.policy, row.kind)
+            elif action == "apply" and result.status == DONE and not row.dry_run:
                 undone = self._run(spec, lambda step: step.undo(
                     self._context(row.incident, False, now_ns,
                                   "the ledger could not record it"), result.undo))
@@ -602,8 +614,10 @@ class Ladder:
             else:
                 self._settle(row, incident, "undo", result, reason, at_ns, remove=True)
             done = result.status != FAILED
-            if late:  # the descent goes on from here
-                rest = [r for r in self.ledger.rungs(row.policy) if r.rung < row.rung]
+            if late and row.policy not in self._was_firing:  # the descent goes on from here
+                # everything the policy still has, not only what lies below: a rung taken
+                # while this undo ran (interference back) keeps the episode open
+                rest = [r for r in self.ledger.rungs(row.policy)]
                 self._after_undo(row.policy, self.policies.get(row.policy), rest, row, done,
                                  at_ns)
             return done
@@ -770,15 +784,25 @@ class Ladder:
 
 
 def _merged(recorded: dict[str, Any] | None, intent: dict[str, Any]) -> dict[str, Any]:
-    """A rung in force (`recorded`) that a repeat was extending when the agent died: its writes
-    and the intent's, one per file, the rung's own first (its original is the one from before
-    sloguard); other undo data is the intent's, which the step built from the state in force."""
+    """A rung in force (`recorded`) that a repeat was changing when the agent died. Per file,
+    the intent's record (what the file holds now, or is about to) with the rung's original
+    (the value from before sloguard, which undo restores); files only the rung wrote are kept
+    as they are; other undo data is the intent's, built by the step from the state in force
+    (lists, like cpuset's enabled controllers, are joined)."""
     if not recorded:
         return dict(intent)
     merged = {**recorded, **intent}
+    for key, value in recorded.items():
+        if key != "writes" and isinstance(value, list) and isinstance(intent.get(key), list):
+            merged[key] = value + [v for v in intent[key] if v not in value]
     if "writes" in recorded or "writes" in intent:
-        writes = list(recorded.get("writes", []))
-        files = {w.get("file") for w in writes}
-        writes += [w for w in intent.get("writes", []) if w.get("file") not in files]
-        merged["writes"] = writes
+        first = {w.get("file"): w for w in recorded.get("writes", [])}
+        writes = []
+        for write in intent.get("writes", []):
+            earlier = first.pop(write.get("file"), None)
+            if earlier is not None:
+                write = {**write, "old": earlier["old"],
+                         **({"also": earlier["also"]} if "also" in earlier else {})}
+            writes.append(write)
+        merged["writes"] = list(first.values()) + writes
     return merged

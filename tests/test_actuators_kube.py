@@ -920,3 +920,39 @@ def test_an_eviction_whose_outcome_is_unknown_is_looked_up_before_anything_else(
     assert world.evicted() == {"be-0"}
     statuses = [e.status for e in reversed(world.env.ledger.audit_log(kind="evict"))]
     assert statuses == [FAILED, DONE, SKIPPED]
+
+
+def test_an_eviction_the_ledger_could_not_record_still_counts(world: World, tmp_path,
+                                                              monkeypatch):
+    """A review finding: the ledger failed right after a real eviction; the step cannot be
+    undone, so its intent must stay and count, or the next tick evicts a second pod."""
+    from sloguard import failpoints
+
+    for i in range(3):
+        world.pod(f"be-{i}", up_s=60 * (i + 1))
+    ladder = _Ladder(world, tmp_path, {"per_hour": 10, "per_incident": 1})
+    incident = ladder.incident("inc-a", 0)
+    conn = world.env.ledger._conn
+
+    def full_after_the_eviction(name: str) -> None:
+        """The settle after the eviction fails once (a busy or full file); the writes right
+        after it go through again."""
+        if name == "ledger.settle:before" and world.evicted() and not failed:
+            failed.append(name)
+            conn.execute("PRAGMA query_only = ON")
+        elif failed:
+            conn.execute("PRAGMA query_only = OFF")
+
+    failed: list[str] = []
+
+    monkeypatch.setattr(failpoints, "hit", full_after_the_eviction)
+    ladder.tick(0, incident)
+    assert world.evicted() == {"be-0"}
+    assert "readonly" in ladder.ladder.errors.get("last-resort", ""), ladder.ladder.errors
+    monkeypatch.undo()
+    conn.execute("PRAGMA query_only = OFF")
+    for second in (1, 10, 70):
+        ladder.tick(second, incident)
+    assert world.evicted() == {"be-0"}
+    done = [e for e in world.env.ledger.audit_log(kind="evict") if e.status == DONE]
+    assert len(done) == 1 and world.env.ledger.intents() == []

@@ -262,3 +262,21 @@ def test_an_episode_left_open_by_a_crash_after_the_last_undo_is_ended(
     world.ladder = world.make()  # the restart
     world.tick(4)
     assert world.ledger.open_episodes() == []
+
+
+def test_a_repeat_the_agent_died_in_is_adopted_with_the_value_it_wrote_and_the_original():
+    """A review finding: the rung's record won whole, so its stale `wrote` hid the repeat's
+    new value from undo (which leaves a value it did not write alone), for good."""
+    from sloguard.actuators.ladder import _merged
+
+    recorded = {"writes": [{"file": "/a/memory.high", "old": "max", "wrote": "1000"},
+                           {"file": "/b/memory.high", "old": "max", "wrote": "2000"}],
+                "enabled": ["/p/cgroup.subtree_control"]}
+    intent = {"writes": [{"file": "/a/memory.high", "old": "max", "wrote": "800"},
+                         {"file": "/c/memory.high", "old": "4000", "wrote": "900"}],
+              "enabled": ["/q/cgroup.subtree_control"]}
+    merged = _merged(recorded, intent)
+    by_file = {w["file"]: (w["old"], w["wrote"]) for w in merged["writes"]}
+    assert by_file == {"/a/memory.high": ("max", "800"), "/b/memory.high": ("max", "2000"),
+                       "/c/memory.high": ("4000", "900")}
+    assert merged["enabled"] == ["/p/cgroup.subtree_control", "/q/cgroup.subtree_control"]
