@@ -95,6 +95,8 @@ class Ladder:
         # wall time, `_skew` ahead of the timers (what the wall clock was stepped since start)
         self._anchor: int | None = None
         self._skew = 0
+        # persisted when the wall clock steps, so that a restart carries on the same timers
+        self._saved_skew = ledger.timer_skew()
         # incident -> (its newest evidence's time label, when that showed up, on the timers)
         self._evidence: dict[str, tuple[int, int]] = {}
         # Steps that talk to the API server (`remote`) run on their own worker when
@@ -125,13 +127,20 @@ class Ladder:
         """One step of every policy. `now_ns` is wall time, a label (audit, incidents, what
         steps write); with `mono_ns`, every timer (holds, retries, repeats, undo holds, the
         relapse window) runs on the monotonic clock instead, carried in the ledger as wall
-        time anchored at start: a wall clock stepped an hour either way neither takes every
-        rung at once nor holds the node cordoned for an hour."""
+        time anchored at the first run's start (and the offset since, saved whenever the wall
+        clock steps, so a restart carries on the same timers): a wall clock stepped an hour
+        either way neither takes every rung at once nor holds the node cordoned for an hour."""
         if mono_ns is not None:
-            if self._anchor is None:
-                self._anchor = now_ns - mono_ns
+            if self._anchor is None:  # the timers go on where the last run's stood
+                self._anchor = now_ns - mono_ns - self._saved_skew
             timer_ns = mono_ns + self._anchor
             self._skew, now_ns = now_ns - timer_ns, timer_ns
+            if abs(self._skew - self._saved_skew) > 1_000_000_000:  # the wall clock stepped
+                try:
+                    self.ledger.put_timer_skew(self._skew)
+                    self._saved_skew = self._skew
+                except Exception as exc:  # tried again on the next tick
+                    log.warning("cannot save the timer clock's offset: %s", exc)
         by_policy: dict[str, list[Incident]] = defaultdict(list)
         for incident in firing:
             if incident.policy:

@@ -83,6 +83,10 @@ CREATE TABLE IF NOT EXISTS intents (
     started_ns INTEGER NOT NULL,
     PRIMARY KEY (policy, rung)
 );
+CREATE TABLE IF NOT EXISTS clock (
+    name TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
 CREATE INDEX IF NOT EXISTS audit_by_time ON audit (time_ns);
 CREATE INDEX IF NOT EXISTS audit_by_kind ON audit (kind, status, time_ns);
 """
@@ -263,6 +267,16 @@ class Ledger:
             row = self._conn.execute("SELECT lever_order FROM episodes WHERE policy = ?",
                                      (policy,)).fetchone()
         return None if row is None else json.loads(row[0])
+
+    def timer_skew(self) -> int:
+        """How far wall time ran ahead of the ladder's timers when last saved (ns)."""
+        with self._lock:
+            row = self._conn.execute("SELECT value FROM clock WHERE name = 'skew'").fetchone()
+        return int(row[0]) if row else 0
+
+    def put_timer_skew(self, skew_ns: int) -> None:
+        self._write("put_timer_skew", [("INSERT OR REPLACE INTO clock VALUES ('skew', ?)",
+                                        (int(skew_ns),))])
 
     def open_episodes(self) -> list[str]:
         with self._lock:

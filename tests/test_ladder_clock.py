@@ -86,3 +86,19 @@ def test_old_evidence_does_not_look_new_after_the_wall_clock_steps_back(tmp_path
         ladder.tick(wall, [incident], MONO0 + second * S)
     kinds = [e.kind for e in ledger.audit_log()]
     assert kinds == ["notify"], kinds  # reduce_capacity held: no fresh evidence
+
+
+def test_a_restart_after_a_wall_clock_step_carries_on_the_same_timers(tmp_path):
+    """A review finding: each run anchored its timers to the wall clock afresh, so after a
+    step back and a restart every hold in the ledger lay an hour in the future."""
+    ledger, store, ladder, incident = _world(tmp_path, POLICY)
+    taken: dict[str, int] = {}
+    for second in range(0, 40):
+        if second == 10:  # the restart: a new process, its own anchor
+            ladder = Ladder("node-a", ladder.policies, ledger, ladder.make_step, store.save,
+                            store.get, dry_run=False, open_incidents=store.open_incidents)
+        wall = WALL0 + second * S - (HOUR if second >= 5 else 0)
+        ladder.tick(wall, [incident], MONO0 + second * S)
+        for entry in ledger.audit_log():
+            taken.setdefault(f"{entry.action} {entry.kind}", second)
+    assert taken.get("apply cordon") == 20, taken
