@@ -433,13 +433,14 @@ class Ladder:
                           " (will retry)" if retry_ns else "")
             return result
 
-        if self._remote(spec) and (name, rung.index) not in self._jobs:
+        remote = self._remote(spec)
+        if remote and (name, rung.index) not in self._jobs:
             # its rung stands as running meanwhile: the next rung's `after` counts from here,
             # and neither a retry nor an undo starts on top of it
             self.ledger.put(RungState(name, rung.index, spec.step, RUNNING, incident.id,
                                       dry_run, {}, first_ns or now_ns, attempts, 0,
                                       spec.record(), f"node/{self.node}", now_ns))
-        return self._job((name, rung.index), spec, lambda: self._attempt(
+        return self._job((name, rung.index), remote, lambda: self._attempt(
             name, rung, incident, dry_run, now_ns, reason), finish, now_ns) or StepResult(
             RUNNING, f"node/{self.node}", f"{spec.step}: on the API worker")
 
@@ -465,7 +466,7 @@ class Ladder:
                 log.error("policy %s: repeating %s failed: %s", policy.name, spec.step,
                           result.detail)
 
-        self._job((policy.name, rung.index), spec, lambda: self._attempt(
+        self._job((policy.name, rung.index), self._remote(spec), lambda: self._attempt(
             policy.name, rung, incident, dry_run, now_ns, reason), finish, now_ns)
 
     # -- the API worker --------------------------------------------------------------------
@@ -475,13 +476,13 @@ class Ladder:
             return False
         return bool(getattr(self._step_or_none(spec), "remote", False))
 
-    def _job(self, key: tuple[str, int], spec: StepSpec, work: Callable[[], Any],
+    def _job(self, key: tuple[str, int], remote: bool, work: Callable[[], Any],
              finish: Callable[[Any, int, bool], Any], now_ns: int) -> Any:
         """`work` now and `finish` its outcome now; or, for a step that talks to the API
         server while there is a worker, `work` there and `finish` on this thread at the first
         tick that finds it done (None meanwhile; None too while the rung's previous job runs).
         Every ledger and incident write but the step's own intents stays on this thread."""
-        if not self._remote(spec):
+        if not remote:
             return finish(work(), now_ns, False)
         if key not in self._jobs:
             assert self._worker is not None
@@ -499,10 +500,6 @@ class Ladder:
                 self.errors[key[0]] = (f"policy {key[0]!r}: rung {key[1] + 1}: "
                                        f"{exc.__class__.__name__}: {exc}")[:500]
                 log.exception("policy %s: settling rung %d failed", key[0], key[1] + 1)
-
-    def busy(self) -> bool:
-        """Whether a step is on the API worker (its outcome comes at a later tick)."""
-        return bool(self._jobs)
 
     def close(self) -> None:
         """An API call under way finishes (bounded by its request timeout); its outcome,
@@ -633,7 +630,7 @@ class Ladder:
 
         if row.status == DONE and others:
             return finish(work(), now_ns, False)
-        return self._job((row.policy, row.rung), spec, work, finish, now_ns)
+        return self._job((row.policy, row.rung), self._remote(spec), work, finish, now_ns)
 
     # -- after a crash ----------------------------------------------------------------------
 
