@@ -132,6 +132,9 @@ def test_agent_killed_mid_send_does_not_post_twice(tmp_path, sloguard_bin):
             os.utime(rule_file, (2, 2))
             agent.wait_for(lambda: post.text.startswith(":white_check_mark:"), 40,
                            "the resolve never reached the message")
+            # The thread reply is its own outbox entry, sent after the update.
+            agent.wait_for(lambda: len(slack.calls("chat.postMessage")) >= 2, 20,
+                           "the resolve's thread reply never came")
             assert len(slack.top_level()) == 1
             assert len(slack.calls("chat.postMessage")) == 2  # the post, and the thread reply
         finally:
