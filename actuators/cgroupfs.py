@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sloguard import failpoints
 from sloguard.actuators.env import ActuatorEnv
 from sloguard.actuators.step import (
     BE,
@@ -37,8 +36,9 @@ from sloguard.actuators.step import (
     StepContext,
     StepResult,
 )
-from sloguard.collectors.cgroup_layout import CgroupLayout, layout_from_root
-from sloguard.collectors.pod_cgroups import parse_pod_cgroup
+from sloguard.core import failpoints
+from sloguard.core.cgroup_layout import CgroupLayout, layout_from_root
+from sloguard.core.pod_cgroups import parse_pod_cgroup
 
 SCOPES = ("auto", "workload", "parent")
 _GONE = (errno.ENOENT, errno.ENODEV, errno.ESRCH)

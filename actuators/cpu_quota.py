@@ -46,7 +46,7 @@ from sloguard.actuators.cgroupfs import (
 )
 from sloguard.actuators.env import ActuatorEnv
 from sloguard.actuators.step import BE, StepContext, StepResult, reject_unknown
-from sloguard.units import parse_duration
+from sloguard.core.units import parse_duration
 
 WHAT = "CPU quota for BE"
 MIN_QUOTA_US = 1000  # the kernel refuses quotas below 1 ms

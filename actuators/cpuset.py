@@ -44,7 +44,7 @@ from sloguard.actuators.step import (
     StepResult,
     reject_unknown,
 )
-from sloguard.cpulist import format_cpulist, parse_cpulist
+from sloguard.core.cpulist import format_cpulist, parse_cpulist
 
 WHAT = "cpuset separation (BE off the LS cores)"
 SYS_CPU = Path("/sys/devices/system/cpu")

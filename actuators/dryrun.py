@@ -7,7 +7,7 @@ real actuators will fill: step, target, dry-run flag, status, detail.
 
 from __future__ import annotations
 
-from sloguard.incidents import ActionRecord, Incident
+from sloguard.core.incidents import ActionRecord, Incident
 
 
 class DryRunActuator:

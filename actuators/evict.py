@@ -45,7 +45,7 @@ from sloguard.actuators.step import (
     StepResult,
     reject_unknown,
 )
-from sloguard.collectors.kube_pods import PodMeta, pod_class
+from sloguard.core.pods import PodMeta, pod_class
 
 CLASS_LABEL = "koordinator.sh/qosClass"
 MIRROR = "kubernetes.io/config.mirror"

@@ -48,7 +48,7 @@ from sloguard.actuators.step import (
     StepContext,
     StepResult,
 )
-from sloguard.incidents import FIRING, ActionRecord, Incident
+from sloguard.core.incidents import FIRING, ActionRecord, Incident
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sloguard import failpoints
+from sloguard.core import failpoints
 from sloguard.store.sqlite import add_column, open_db
 
 _SCHEMA = """

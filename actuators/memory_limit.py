@@ -35,7 +35,7 @@ from sloguard.actuators.cgroupfs import (
 )
 from sloguard.actuators.env import ActuatorEnv
 from sloguard.actuators.step import StepContext, StepResult, reject_unknown
-from sloguard.units import parse_size
+from sloguard.core.units import parse_size
 
 WHAT = "memory ceiling for BE"
 PAGE = 4096

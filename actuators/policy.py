@@ -42,7 +42,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sloguard.config import Duration
-from sloguard.yamlfile import YamlFileError, load_model, nearest
+from sloguard.core.yamlfile import YamlFileError, load_model, nearest
 
 SUPPRESS = "suppress"
 

@@ -34,7 +34,6 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar
 
-from sloguard import failpoints
 from sloguard.actuators.cgroupfs import (
     Cgroups,
     Changes,
@@ -52,6 +51,7 @@ from sloguard.actuators.step import (
     StepResult,
     reject_unknown,
 )
+from sloguard.core import failpoints
 
 WHAT = "LLC ways / memory bandwidth for BE (resctrl)"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")

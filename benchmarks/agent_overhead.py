@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from sloguard.collectors.cgroup_layout import detect_layout
+from sloguard.core.cgroup_layout import detect_layout
 
 
 def _free_port() -> int:

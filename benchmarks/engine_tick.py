@@ -23,11 +23,11 @@ import numpy as np
 from river import stats
 
 from sloguard.actuators.dryrun import DryRunActuator
+from sloguard.core.samples import Sample
 from sloguard.detector.engine import Engine
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import RuleSet
-from sloguard.samples import Sample
 from sloguard.store.incidents_db import IncidentStore
 
 S = 10**9

@@ -28,7 +28,7 @@ from kubernetes import utils  # noqa: E402
 from support.fault_sweep import Sweep  # noqa: E402
 from support.kubeenv import KubeTestEnv, missing_binaries_message  # noqa: E402
 
-from sloguard.collectors.cgroup_layout import detect_layout  # noqa: E402
+from sloguard.core.cgroup_layout import detect_layout  # noqa: E402
 
 
 def main() -> int:

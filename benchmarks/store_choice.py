@@ -61,8 +61,8 @@ import numpy as np
 import pandas as pd
 import psutil
 
-from sloguard.samples import FieldValue, Sample
-from sloguard.selectors import Matcher
+from sloguard.core.samples import FieldValue, Sample
+from sloguard.core.selectors import Matcher
 from sloguard.store import StoreError, WindowQuery, check_aggregation
 
 S = 1_000_000_000

@@ -40,8 +40,8 @@ from sloguard.collectors.exposition import ExpositionError, Reading, interval
 from sloguard.collectors.http_client import networks
 from sloguard.collectors.latency import LatencyBatch
 from sloguard.collectors.slo_window import SloTracker
-from sloguard.health import ComponentStatus
-from sloguard.samples import Sample
+from sloguard.core.health import ComponentStatus
+from sloguard.core.samples import Sample
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sloguard.collectors.exposition import ReadSpec
-from sloguard.collectors.kube_pods import PodMeta, pod_class
+from sloguard.core.pods import PodMeta, pod_class
 
 PREFIX = "sloguard.io/"
 

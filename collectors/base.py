@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from sloguard.health import ComponentStatus
-from sloguard.samples import Sample
+from sloguard.core.health import ComponentStatus
+from sloguard.core.samples import Sample
 
 
 class Collector(Protocol):

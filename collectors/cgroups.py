@@ -18,12 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sloguard.collectors.cgroup_layout import CgroupLayout, detect_layout, layout_from_root
-from sloguard.collectors.kube_pods import PodMeta, pod_class
-from sloguard.collectors.pod_cgroups import parse_pod_cgroup
 from sloguard.config import CgroupCollectorConfig
-from sloguard.health import ComponentStatus
-from sloguard.samples import Sample
+from sloguard.core.cgroup_layout import CgroupLayout, detect_layout, layout_from_root
+from sloguard.core.health import ComponentStatus
+from sloguard.core.pod_cgroups import parse_pod_cgroup
+from sloguard.core.pods import PodMeta, pod_class
+from sloguard.core.samples import Sample
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ import time
 from dataclasses import dataclass
 
 from sloguard.collectors.cgroups import CgroupCollector
-from sloguard.cpulist import parse_cpulist
-from sloguard.health import ComponentStatus
-from sloguard.samples import Sample
+from sloguard.core.cpulist import parse_cpulist
+from sloguard.core.health import ComponentStatus
+from sloguard.core.samples import Sample
 
 log = logging.getLogger(__name__)
 

@@ -38,8 +38,8 @@ from sloguard.collectors.ebpf_programs import (
 )
 from sloguard.collectors.log2hist import Log2Histogram
 from sloguard.config import EbpfCollectorConfig
-from sloguard.health import ComponentStatus
-from sloguard.samples import Sample
+from sloguard.core.health import ComponentStatus
+from sloguard.core.samples import Sample
 
 log = logging.getLogger(__name__)
 

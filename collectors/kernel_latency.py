@@ -14,8 +14,8 @@ from sloguard.collectors.cgroups import CgroupCollector
 from sloguard.collectors.ebpf import EbpfCollector
 from sloguard.collectors.schedstat import SchedstatCollector
 from sloguard.config import CollectorsConfig
-from sloguard.health import ComponentStatus
-from sloguard.samples import Sample
+from sloguard.core.health import ComponentStatus
+from sloguard.core.samples import Sample
 
 
 def attribution_mode(key: str, cgroups: CgroupCollector) -> str:

@@ -20,8 +20,8 @@ import re
 import time
 from collections.abc import Callable
 
-from sloguard.health import ComponentStatus
-from sloguard.samples import FieldValue, Sample
+from sloguard.core.health import ComponentStatus
+from sloguard.core.samples import FieldValue, Sample
 
 __all__ = ["DEFAULT_DISK_EXCLUDE", "DEFAULT_NET_EXCLUDE", "NodeCollector"]
 

@@ -19,8 +19,8 @@ import time
 from collections import defaultdict
 
 from sloguard.collectors.cgroup_ids import CgroupAttribution
-from sloguard.health import ComponentStatus
-from sloguard.samples import Sample
+from sloguard.core.health import ComponentStatus
+from sloguard.core.samples import Sample
 
 MEASUREMENT = "container_runqueue"
 

@@ -22,7 +22,7 @@ from collections import deque
 from typing import Any
 
 from sloguard.collectors.latency import LatencyBatch, combined_quantile
-from sloguard.samples import Sample
+from sloguard.core.samples import Sample
 
 MAX_VALUES = 200_000  # raw pushed latencies kept per service window; the oldest go first
 

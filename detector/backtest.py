@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from sloguard.actuators.dryrun import DryRunActuator
+from sloguard.core.incidents import Incident
+from sloguard.core.samples import Sample
 from sloguard.detector.engine import Engine
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import RuleSet
-from sloguard.incidents import Incident
-from sloguard.samples import Sample
 from sloguard.store import WindowQuery
 from sloguard.store.incidents_db import IncidentStore
 

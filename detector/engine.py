@@ -22,12 +22,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from sloguard.detector.api import Verdict
-from sloguard.detector.recent import RecentWindows
-from sloguard.detector.registry import DetectorRegistry
-from sloguard.detector.rules import LoadedRule, RuleSet
-from sloguard.detector.worker import DetectorWorker
-from sloguard.incidents import (
+from sloguard.core.incidents import (
     FIRING,
     PENDING,
     RESOLVED,
@@ -36,6 +31,11 @@ from sloguard.incidents import (
     Incident,
     new_incident_id,
 )
+from sloguard.detector.api import Verdict
+from sloguard.detector.recent import RecentWindows
+from sloguard.detector.registry import DetectorRegistry
+from sloguard.detector.rules import LoadedRule, RuleSet
+from sloguard.detector.worker import DetectorWorker
 from sloguard.store import WindowQuery
 from sloguard.store.incidents_db import IncidentStore
 

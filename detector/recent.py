@@ -14,8 +14,8 @@ import itertools
 from collections import deque
 from collections.abc import Iterable
 
-from sloguard.samples import Sample
-from sloguard.selectors import Selector
+from sloguard.core.samples import Sample
+from sloguard.core.selectors import Selector
 
 SeriesKey = tuple[tuple[str, str], ...]
 _CACHE_LIMIT = 100_000

@@ -38,9 +38,9 @@ from pydantic import (
 )
 
 from sloguard.config import Duration
-from sloguard.selectors import Selector, parse_selector
+from sloguard.core.selectors import Selector, parse_selector
+from sloguard.core.yamlfile import YamlFileError, load_model, nearest
 from sloguard.store import check_aggregation
-from sloguard.yamlfile import YamlFileError, load_model, nearest
 
 log = logging.getLogger(__name__)
 

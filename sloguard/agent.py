@@ -17,28 +17,28 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from sloguard import failpoints
 from sloguard.actuators.env import ActuatorEnv
 from sloguard.actuators.kinds import StepFactory
 from sloguard.actuators.ladder import Ladder
 from sloguard.actuators.ledger import Ledger
 from sloguard.actuators.policy import PolicySet
-from sloguard.clock import SYSTEM, Clock
 from sloguard.collectors.cgroups import CgroupCollector
 from sloguard.config import Settings, app_latency_wanted
+from sloguard.core import failpoints
+from sloguard.core.clock import SYSTEM, Clock
+from sloguard.core.health import ComponentStatus
+from sloguard.core.incidents import FIRING, RESOLVED, Evidence, Incident, new_incident_id
+from sloguard.core.samples import Sample
+from sloguard.core.selfmetrics import AgentMetrics
+from sloguard.core.units import format_duration
 from sloguard.detector.engine import AGENT_GROUP, Engine
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import RuleSet
-from sloguard.health import ComponentStatus
-from sloguard.incidents import FIRING, RESOLVED, Evidence, Incident, new_incident_id
-from sloguard.samples import Sample
-from sloguard.selfmetrics import AgentMetrics
 from sloguard.store import StoreError
 from sloguard.store.factory import open_configured_store
 from sloguard.store.incidents_db import IncidentStore
 from sloguard.supervisor import Supervisor
-from sloguard.units import format_duration
 
 log = logging.getLogger(__name__)
 

@@ -240,7 +240,7 @@ def _moment(text: str) -> int:
     import time as _time
     from datetime import UTC, datetime
 
-    from sloguard.units import parse_duration
+    from sloguard.core.units import parse_duration
 
     text = text.strip()
     if text == "now":
@@ -270,13 +270,13 @@ def backtest(
     """Replay stored history through rules: what would have fired, when, what would have run."""
     from datetime import UTC, datetime
 
+    from sloguard.core.units import parse_duration
     from sloguard.detector.backtest import backtest as run_backtest
     from sloguard.detector.backtest import plot as draw
     from sloguard.detector.registry import DetectorRegistry
     from sloguard.detector.rules import RuleSet
     from sloguard.store import StoreError
     from sloguard.store.factory import open_configured_store
-    from sloguard.units import parse_duration
 
     settings = _load(config, data_dir, None).settings
     try:

@@ -22,9 +22,9 @@ from prometheus_client import CollectorRegistry, Counter
 
 from sloguard.actuators.ledger import AuditEntry, Ledger
 from sloguard.config import Settings
-from sloguard.health import ComponentStatus
-from sloguard.incidents import Incident
-from sloguard.selfmetrics import AgentMetrics
+from sloguard.core.health import ComponentStatus
+from sloguard.core.incidents import Incident
+from sloguard.core.selfmetrics import AgentMetrics
 from sloguard.store import StoreError
 from sloguard.store.incidents_db import IncidentStore
 

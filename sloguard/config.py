@@ -31,8 +31,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from sloguard.units import parse_duration, parse_size
-from sloguard.yamlfile import YamlFileError, read_yaml
+from sloguard.core.units import parse_duration, parse_size
+from sloguard.core.yamlfile import YamlFileError, read_yaml
 
 # Settings whose values never appear in output, logs or errors (pydantic's SecretStr prints
 # them as '**********'; errors about them leave the given value out).
@@ -397,7 +397,7 @@ class ServerConfig(_Section):
 
 
 def _matchers(items: list[str]) -> list[str]:
-    from sloguard.selectors import parse_matchers
+    from sloguard.core.selectors import parse_matchers
 
     for item in items:
         parse_matchers([item])

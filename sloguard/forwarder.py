@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from sloguard.config import ForwardConfig, SecretUnavailable, read_secret
-from sloguard.health import ComponentStatus
+from sloguard.core.health import ComponentStatus
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sloguard.health import ComponentStatus
+from sloguard.core.health import ComponentStatus
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sloguard.collectors.cgroup_layout import CgroupLayout, detect_layout
+from sloguard.core.cgroup_layout import CgroupLayout, detect_layout
 
 ON_CI = os.environ.get("CI") == "true"
 DEPLOY_BASE = Path(__file__).resolve().parent.parent / "deploy" / "base"

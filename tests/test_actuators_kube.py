@@ -40,7 +40,7 @@ from sloguard.actuators.ledger import Ledger
 from sloguard.actuators.policy import PolicySet
 from sloguard.actuators.step import DONE, FAILED, PROPOSED, SKIPPED, StepContext
 from sloguard.collectors.kube_pods import PodMetadataCache
-from sloguard.incidents import FIRING, Evidence, Incident
+from sloguard.core.incidents import FIRING, Evidence, Incident
 from sloguard.store.incidents_db import IncidentStore
 
 pytestmark = pytest.mark.kube
@@ -926,7 +926,7 @@ def test_an_eviction_the_ledger_could_not_record_still_counts(world: World, tmp_
                                                               monkeypatch):
     """A review finding: the ledger failed right after a real eviction; the step cannot be
     undone, so its intent must stay and count, or the next tick evicts a second pod."""
-    from sloguard import failpoints
+    from sloguard.core import failpoints
 
     for i in range(3):
         world.pod(f"be-{i}", up_s=60 * (i + 1))

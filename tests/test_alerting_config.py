@@ -20,7 +20,7 @@ from sloguard.config import (
     load_settings,
     read_secret,
 )
-from sloguard.selectors import parse_matchers
+from sloguard.core.selectors import parse_matchers
 
 HOOK = "https://hooks.slack.com/services/T0/B0/SECRETSECRETSECRET"
 

@@ -14,7 +14,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from sloguard.samples import Sample
+from sloguard.core.samples import Sample
 
 S = 1_000_000_000
 RULES = """\

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from sloguard.samples import Sample
+from sloguard.core.samples import Sample
 from sloguard.store.embedded import EmbeddedStore
 
 S = 10**9

@@ -8,7 +8,7 @@ import uuid
 
 from sloguard.collectors.cgroups import CgroupCollector
 from sloguard.config import CgroupCollectorConfig, CgroupDeclaration
-from sloguard.samples import Sample
+from sloguard.core.samples import Sample
 
 
 def _by(samples: list[Sample], measurement: str, cgroup: str, **tags: str) -> Sample:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 
-from sloguard.collectors.cgroup_layout import detect_layout, layout_from_root
 from sloguard.collectors.cgroups import CgroupCollector
 from sloguard.config import CgroupCollectorConfig
+from sloguard.core.cgroup_layout import detect_layout, layout_from_root
 
 POD = (
     "kubepods.slice/kubepods-besteffort.slice/"

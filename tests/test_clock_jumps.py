@@ -14,9 +14,9 @@ from support.slack_server import SlackServer
 
 from sloguard.agent import Agent
 from sloguard.config import load_settings
-from sloguard.health import ComponentStatus
-from sloguard.incidents import FIRING, RESOLVED
-from sloguard.samples import Sample
+from sloguard.core.health import ComponentStatus
+from sloguard.core.incidents import FIRING, RESOLVED
+from sloguard.core.samples import Sample
 
 S = 10**9
 HOUR = 3600

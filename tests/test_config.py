@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from sloguard.config import ConfigError, load_settings
-from sloguard.selectors import parse_selector
-from sloguard.units import format_duration, parse_duration, parse_size
+from sloguard.core.selectors import parse_selector
+from sloguard.core.units import format_duration, parse_duration, parse_size
 
 
 def test_units():

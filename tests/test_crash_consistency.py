@@ -96,7 +96,7 @@ class _World:
         self.t0 = time.time_ns()
 
     def incident(self):
-        from sloguard.incidents import FIRING, Incident
+        from sloguard.core.incidents import FIRING, Incident
 
         incident = Incident("inc-1", "f", "LSLatency", "ls", "critical", "node-a", FIRING, {},
                             self.t0, self.t0, fired_ns=self.t0, policy="guard")
@@ -104,7 +104,7 @@ class _World:
         return incident
 
     def tick(self, second: float, *firing) -> None:
-        from sloguard.incidents import Evidence
+        from sloguard.core.incidents import Evidence
 
         now = self.t0 + int(second * S)
         for incident in firing:
@@ -136,7 +136,7 @@ def test_a_lever_whose_outcome_cannot_be_recorded_is_undone_at_once(
         real_cgroups, tmp_path, monkeypatch):
     """Today's main wrote the ledger after the cgroup: a failing write there left cpu.idle in
     force with no record, for good."""
-    from sloguard import failpoints
+    from sloguard.core import failpoints
 
     world = _World(real_cgroups, tmp_path)
 
@@ -162,7 +162,7 @@ def test_a_lever_whose_outcome_cannot_be_recorded_is_undone_at_once(
 
 def test_an_intent_left_by_a_crash_is_adopted_and_undone_after_the_restart(
         real_cgroups, tmp_path, monkeypatch):
-    from sloguard import failpoints
+    from sloguard.core import failpoints
 
     world = _World(real_cgroups, tmp_path)
 
@@ -235,7 +235,7 @@ def test_an_episode_left_open_by_a_crash_after_the_last_undo_is_ended(
         real_cgroups, tmp_path, monkeypatch):
     """Found by the sweep (killed right after the last undo was recorded): the open episode
     was never visited again, so the next episode inherited its lever order."""
-    from sloguard import failpoints
+    from sloguard.core import failpoints
 
     world = _World(real_cgroups, tmp_path)
     incident = world.incident()

@@ -10,7 +10,7 @@ from test_clock_jumps import SteppedClock
 
 from sloguard.agent import MAINTAIN_S, Agent
 from sloguard.config import load_settings
-from sloguard.incidents import (
+from sloguard.core.incidents import (
     COMPACTED,
     FIRING,
     MAX_ACTIONS,

@@ -18,8 +18,8 @@ from test_agent_e2e import RULES, AgentProcess
 
 from sloguard.agent import Agent
 from sloguard.config import load_settings
-from sloguard.health import ComponentStatus
-from sloguard.samples import Sample
+from sloguard.core.health import ComponentStatus
+from sloguard.core.samples import Sample
 from sloguard.store import WindowQuery
 
 pytestmark = pytest.mark.influx

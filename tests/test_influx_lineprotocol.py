@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from sloguard.samples import Sample
-from sloguard.selectors import Matcher
+from sloguard.core.samples import Sample
+from sloguard.core.selectors import Matcher
 from sloguard.store import WindowQuery
 from sloguard.store.influx_lineprotocol import (
     LineEncoder,

@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from sloguard.collectors.node import NodeCollector
 from sloguard.config import ConfigError, StoreConfig, load_settings
-from sloguard.samples import Sample
-from sloguard.selectors import Matcher
-from sloguard.selfmetrics import AgentMetrics
+from sloguard.core.samples import Sample
+from sloguard.core.selectors import Matcher
+from sloguard.core.selfmetrics import AgentMetrics
 from sloguard.store import StoreError, WindowQuery
 from sloguard.store.embedded import EmbeddedStore
 from sloguard.store.influx import InfluxStore

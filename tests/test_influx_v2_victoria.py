@@ -15,8 +15,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sloguard.config import StoreConfig
-from sloguard.samples import Sample
-from sloguard.selfmetrics import AgentMetrics
+from sloguard.core.samples import Sample
+from sloguard.core.selfmetrics import AgentMetrics
 from sloguard.store.influx import InfluxStore
 
 pytestmark = pytest.mark.influx

@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sloguard.cli import app
-from sloguard.cpulist import parse_cpulist
+from sloguard.core.cpulist import parse_cpulist
 from sloguard.lab.agent import LS_CGROUP
 from sloguard.lab.analysis import mitigated_spans, p99_timeline, way_stats
 from sloguard.lab.antagonists import EpisodeRun, LabSetupError, bogo_ops

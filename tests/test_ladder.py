@@ -18,7 +18,7 @@ from sloguard.actuators.ladder import Ladder
 from sloguard.actuators.ledger import Ledger
 from sloguard.actuators.policy import PolicyFileError, PolicySet, load_policy_file
 from sloguard.actuators.step import DONE, FAILED, PROPOSED, SKIPPED, StepContext, StepResult
-from sloguard.incidents import FIRING, Evidence, Incident
+from sloguard.core.incidents import FIRING, Evidence, Incident
 from sloguard.store.incidents_db import IncidentStore
 
 S = 1_000_000_000

@@ -11,7 +11,7 @@ from sloguard.actuators.kinds import StepFactory
 from sloguard.actuators.ladder import Ladder
 from sloguard.actuators.ledger import Ledger
 from sloguard.actuators.policy import PolicySet
-from sloguard.incidents import FIRING, Incident
+from sloguard.core.incidents import FIRING, Incident
 from sloguard.store.incidents_db import IncidentStore
 
 S = 1_000_000_000
@@ -73,7 +73,7 @@ def test_a_wall_clock_step_changes_no_hold(tmp_path, jump):
 def test_old_evidence_does_not_look_new_after_the_wall_clock_steps_back(tmp_path):
     """A rung past cordon needs fresh evidence; evidence that stopped coming stays stale
     however far the wall clock is stepped back (today's main took it for an hour)."""
-    from sloguard.incidents import Evidence
+    from sloguard.core.incidents import Evidence
 
     _, _, ladder, incident = _world(tmp_path, (
         "policies:\n  - name: guard\n    stale_after: 10s\n    steps:\n      - step: notify\n"

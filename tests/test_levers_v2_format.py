@@ -20,7 +20,7 @@ from sloguard.actuators.ledger import Ledger
 from sloguard.actuators.memory_limit import MemoryLimit
 from sloguard.actuators.policy import StepSpec
 from sloguard.actuators.step import DONE, FAILED, PROPOSED, SKIPPED
-from sloguard.cpulist import format_cpulist, parse_cpulist
+from sloguard.core.cpulist import format_cpulist, parse_cpulist
 
 UID = "0b6f8c4e_7d3a_4c59_9a3e_2f1d8a6b5c4d"
 BE_QOS = "kubepods.slice/kubepods-besteffort.slice"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from sloguard.collectors.node import NodeCollector
-from sloguard.samples import Sample
+from sloguard.core.samples import Sample
 
 NODE = "node-a"
 SEC = 1_000_000_000

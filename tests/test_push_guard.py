@@ -22,9 +22,9 @@ from sloguard.agent import Agent
 from sloguard.collectors.latency import LatencyBatch
 from sloguard.collectors.slo_window import SloTracker
 from sloguard.config import SloConfig, load_settings
+from sloguard.core.samples import Sample
+from sloguard.core.selectors import parse_selector
 from sloguard.detector.recent import RecentWindows
-from sloguard.samples import Sample
-from sloguard.selectors import parse_selector
 from sloguard.store import WindowQuery, embedded
 from sloguard.store.embedded import EmbeddedStore
 

@@ -25,7 +25,7 @@ from sloguard.actuators.ladder import Ladder
 from sloguard.actuators.policy import PolicySet
 from sloguard.actuators.resctrl import Resctrl, be_mask, mb_value, parse_schemata
 from sloguard.actuators.step import DONE, FAILED, PROPOSED, SKIPPED
-from sloguard.incidents import FIRING, Evidence, Incident
+from sloguard.core.incidents import FIRING, Evidence, Incident
 from sloguard.store.incidents_db import IncidentStore
 
 REAL_ROOT = Path("/sys/fs/resctrl")

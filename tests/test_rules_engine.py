@@ -9,14 +9,14 @@ import textwrap
 import pytest
 
 from sloguard.actuators.dryrun import DryRunActuator
+from sloguard.core.incidents import FIRING, PENDING, RESOLVED
+from sloguard.core.samples import Sample
 from sloguard.detector.api import hookimpl
 from sloguard.detector.engine import Engine, SignalKey, aggregate, render
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import RuleFileError, RuleSet, load_rule_file
-from sloguard.incidents import FIRING, PENDING, RESOLVED
 from sloguard.plugins.threshold import Threshold
-from sloguard.samples import Sample
 from sloguard.store.embedded import EmbeddedStore
 from sloguard.store.incidents_db import IncidentStore
 
@@ -325,8 +325,8 @@ def test_aggregates_match_pandas():
 
 
 def test_last_without_copying_the_window_agrees_with_the_window():
+    from sloguard.core.selectors import parse_selector
     from sloguard.detector.recent import Subscription
-    from sloguard.selectors import parse_selector
 
     sub = Subscription(parse_selector("m"), "v", 10 * S)
 
@@ -1017,7 +1017,7 @@ def test_the_batch_path_imports_numpy_outside_the_detector_deadline(tmp_path):
         from sloguard.detector.engine import Engine
         from sloguard.detector.recent import RecentWindows
         from sloguard.detector.rules import RuleSet
-        from sloguard.samples import Sample
+        from sloguard.core.samples import Sample
         from sloguard.store.incidents_db import IncidentStore
 
         importers = []

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from sloguard.actuators.dryrun import DryRunActuator
+from sloguard.core.incidents import FIRING, RESOLVED
+from sloguard.core.samples import Sample
 from sloguard.detector.engine import Engine
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import RuleSet
-from sloguard.incidents import FIRING, RESOLVED
-from sloguard.samples import Sample
 from sloguard.store.incidents_db import IncidentStore
 
 SHIPPED = Path(__file__).resolve().parent.parent / "rules" / "runqueue.yaml"

@@ -195,8 +195,8 @@ class _Pods:
 
 def test_a_pod_annotation_feeds_only_slos_of_its_own_namespace(servers):
     from sloguard.collectors.app_latency import AppLatencyCollector
-    from sloguard.collectors.kube_pods import PodMeta
     from sloguard.config import AppLatencyConfig, SloConfig
+    from sloguard.core.pods import PodMeta
 
     def notes():
         return {"sloguard.io/scrape": "true", "sloguard.io/port": servers().rpartition(":")[2],
@@ -232,8 +232,8 @@ def test_a_pod_annotation_feeds_only_slos_of_its_own_namespace(servers):
 
 
 def test_ls_labels_count_only_in_trusted_namespaces(tmp_path):
-    from sloguard.collectors.kube_pods import PodMeta, pod_class
     from sloguard.config import load_settings
+    from sloguard.core.pods import PodMeta, pod_class
 
     label = "koordinator.sh/qosClass"
 

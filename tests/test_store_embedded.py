@@ -9,8 +9,8 @@ import sqlite3
 import pandas as pd
 import pytest
 
-from sloguard.samples import Sample
-from sloguard.selectors import Matcher
+from sloguard.core.samples import Sample
+from sloguard.core.selectors import Matcher
 from sloguard.store import StoreError, WindowQuery
 from sloguard.store.embedded import EmbeddedStore
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import need
 from support.uiserver import HOSTILE_POD, served_agent
 
-from sloguard.samples import Sample
+from sloguard.core.samples import Sample
 
 S = 1_000_000_000
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"

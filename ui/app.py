@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
 from sloguard import __version__
-from sloguard.incidents import SEVERITIES, STATES
+from sloguard.core.incidents import SEVERITIES, STATES
 from sloguard.ui.auth import SESSION_COOKIE, Auth, client_of
 from sloguard.ui.pages import add_pages
 
@@ -341,7 +341,7 @@ def server_options(settings: Any) -> dict[str, Any]:
 def incident_chart(store: Any, incident: Any, now_ns: int) -> dict[str, Any]:
     """Aligned columns for uPlot: x (seconds), the value, and the threshold in force (from the
     evidence, held until the next one), plus action and state-change markers."""
-    from sloguard.selectors import Matcher
+    from sloguard.core.selectors import Matcher
     from sloguard.store import WindowQuery
 
     signal = incident.signal

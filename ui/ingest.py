@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sloguard.config import SecretUnavailable, read_secret
-from sloguard.incidents import SEVERITIES, STATES, Incident
+from sloguard.core.incidents import SEVERITIES, STATES, Incident
 from sloguard.ui.auth import FailureLimiter, client_of
 
 INGEST_PATH = "/api/v1/ingest"

@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 
 from sloguard import __version__
-from sloguard.incidents import SEVERITIES, STATES
+from sloguard.core.incidents import SEVERITIES, STATES
 
 WINDOWS = {"": None, "1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400}
 

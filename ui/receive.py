@@ -46,7 +46,7 @@ from sloguard.collectors.app_latency import AppLatencyCollector, Overloaded
 from sloguard.collectors.histograms import from_counts
 from sloguard.collectors.latency import LatencyBatch
 from sloguard.config import percentile_quantile
-from sloguard.samples import Sample
+from sloguard.core.samples import Sample
 from sloguard.ui.line_protocol import LineProtocolError, parse_lines
 
 log = logging.getLogger(__name__)

@@ -65,7 +65,7 @@ TEMPLATES.env.filters["when"] = _when
 
 def create_silence(store: Any, body: SilenceIn) -> Any:
     from sloguard.actuators.alerting.silences import SilenceError
-    from sloguard.units import parse_duration
+    from sloguard.core.units import parse_duration
 
     now_ns = time.time_ns()
     try:

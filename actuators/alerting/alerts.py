@@ -7,7 +7,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from sloguard.incidents import FIRING, ActionRecord, Incident
+from sloguard.core.incidents import FIRING, ActionRecord, Incident
 
 NOTIFY_STEP = "notify"  # the ladder's hand-over to alerting; the message itself, not news
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from sloguard.actuators.alerting.alerts import Alert, shown_actions
 from sloguard.actuators.alerting.grouping import FIRST, REPEAT, RESOLVED, Change, Flush
-from sloguard.incidents import Incident
-from sloguard.units import format_duration
+from sloguard.core.incidents import Incident
+from sloguard.core.units import format_duration
 
 MAX_DETAILED = 8
 SECTION_LIMIT = 2900

@@ -24,7 +24,7 @@ from typing import Any
 
 from sloguard.actuators.alerting.alerts import Alert, digest, news, shown_actions
 from sloguard.actuators.alerting.routing import Route
-from sloguard.incidents import ActionRecord
+from sloguard.core.incidents import ActionRecord
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS groups (

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sloguard.config import InhibitRuleConfig
-from sloguard.selectors import Matcher, parse_matchers
+from sloguard.core.selectors import Matcher, parse_matchers
 
 
 @dataclass

@@ -33,9 +33,9 @@ from sloguard.actuators.alerting.routing import build_route
 from sloguard.actuators.alerting.silences import ACTIVE, SilenceStore
 from sloguard.actuators.alerting.slack import SlackSender
 from sloguard.config import AlertingConfig, RouteConfig
-from sloguard.health import ComponentStatus
-from sloguard.incidents import FIRING, Incident
-from sloguard.incidents import RESOLVED as INCIDENT_RESOLVED
+from sloguard.core.health import ComponentStatus
+from sloguard.core.incidents import FIRING, Incident
+from sloguard.core.incidents import RESOLVED as INCIDENT_RESOLVED
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class Alerting:
         if registry is not None:
             from prometheus_client import Counter
 
-            from sloguard.selfmetrics import _CallbackCollector
+            from sloguard.core.selfmetrics import _CallbackCollector
 
             self._messages = Counter(
                 "sloguard_alert_messages", "Slack requests by receiver, kind and result "
@@ -260,7 +260,7 @@ class Alerting:
 
 def ladder_plan(policies: Any, ledger: Any) -> Callable[[Incident], list[str]]:
     """What the incident's policy will do next if interference persists (for the message)."""
-    from sloguard.units import format_duration
+    from sloguard.core.units import format_duration
 
     def planned(incident: Incident) -> list[str]:
         policy = policies.get(incident.policy) if incident.policy else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sloguard.config import RouteConfig
-from sloguard.selectors import Matcher, parse_matchers
+from sloguard.core.selectors import Matcher, parse_matchers
 
 # Alertmanager's defaults
 GROUP_WAIT_S = 30.0

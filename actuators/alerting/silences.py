@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sloguard.actuators.alerting.db import AlertDB
-from sloguard.selectors import Matcher, parse_matchers
+from sloguard.core.selectors import Matcher, parse_matchers
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS silences (

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sloguard.collectors.cgroup_layout import detect_layout
+from sloguard.core.cgroup_layout import detect_layout
 
 # v1 controllers the collectors read and the levers write (cpu.idle, cpuset, quota, memory)
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "blkio")

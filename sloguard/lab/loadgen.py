@@ -36,7 +36,7 @@ import time
 from array import array
 from collections import deque
 
-from sloguard.cpulist import parse_cpulist
+from sloguard.core.cpulist import parse_cpulist
 
 RECORD = 3  # int64s per request
 FLUSH_NS = 100_000_000

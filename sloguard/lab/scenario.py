@@ -25,8 +25,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sloguard.config import Duration
-from sloguard.cpulist import parse_cpulist
-from sloguard.yamlfile import YamlFileError, load_model
+from sloguard.core.cpulist import parse_cpulist
+from sloguard.core.yamlfile import YamlFileError, load_model
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 WAYS = ("baseline", "unguarded", "guarded")

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sloguard.cpulist import format_cpulist, parse_cpulist
+from sloguard.core.cpulist import format_cpulist, parse_cpulist
 from sloguard.lab.agent import BE_CGROUP, LS_CGROUP, LabAgent, free_port
 from sloguard.lab.antagonists import Antagonist, EpisodeRun, LabSetupError
 from sloguard.lab.cgroups import LabCgroup, pids_in

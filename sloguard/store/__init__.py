@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from sloguard.health import ComponentStatus
-from sloguard.samples import Sample
-from sloguard.selectors import Matcher
+from sloguard.core.health import ComponentStatus
+from sloguard.core.samples import Sample
+from sloguard.core.selectors import Matcher
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -19,8 +19,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sloguard.health import ComponentStatus
-from sloguard.samples import Sample
+from sloguard.core.health import ComponentStatus
+from sloguard.core.samples import Sample
 from sloguard.store import StoreError, WindowQuery, check_aggregation
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from sloguard.store import Store
 
 if TYPE_CHECKING:
     from sloguard.config import Settings
-    from sloguard.selfmetrics import AgentMetrics
+    from sloguard.core.selfmetrics import AgentMetrics
 
 
 def open_configured_store(settings: Settings, metrics: AgentMetrics | None = None,

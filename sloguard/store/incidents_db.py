@@ -12,7 +12,7 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-from sloguard.incidents import RESOLVED, STATES, Incident
+from sloguard.core.incidents import RESOLVED, STATES, Incident
 from sloguard.store.sqlite import add_column, open_db
 
 _SCHEMA = """

@@ -30,8 +30,8 @@ from urllib.parse import urlsplit
 
 import urllib3
 
-from sloguard.health import ComponentStatus
-from sloguard.samples import Sample
+from sloguard.core.health import ComponentStatus
+from sloguard.core.samples import Sample
 from sloguard.store import StoreError, WindowQuery, check_aggregation
 from sloguard.store.influx_lineprotocol import LineEncoder
 from sloguard.store.influx_query import QueryClient, select_statement, to_frame, to_samples
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from sloguard.config import StoreConfig
-    from sloguard.selfmetrics import InfluxMetrics
+    from sloguard.core.selfmetrics import InfluxMetrics
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from sloguard.samples import FieldValue, Sample
+from sloguard.core.samples import FieldValue, Sample
 
 RESERVED_KEYS = frozenset({"time", "_field", "_measurement"})
 _CACHE_MAX = 100_000

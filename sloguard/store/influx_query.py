@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import urllib3
 
-from sloguard.samples import Sample
-from sloguard.selectors import Matcher
+from sloguard.core.samples import Sample
+from sloguard.core.selectors import Matcher
 from sloguard.store import StoreError, WindowQuery, check_aggregation
 from sloguard.store.influx_write import Credentials, http_pool, redact_url, timeout_of
 

@@ -14,7 +14,7 @@ from typing import Any
 from sloguard.actuators.alerting.db import AlertDB
 from sloguard.actuators.alerting.pipeline import Alerting
 from sloguard.config import AlertingConfig
-from sloguard.incidents import FIRING, RESOLVED, ActionRecord, Evidence, Incident
+from sloguard.core.incidents import FIRING, RESOLVED, ActionRecord, Evidence, Incident
 
 S = 10**9
 T0 = 1_800_000_000 * S  # a fixed "now" for the group timers

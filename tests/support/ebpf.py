@@ -12,7 +12,7 @@ from sloguard.collectors.cgroups import CgroupCollector
 from sloguard.collectors.ebpf import kernel_source
 from sloguard.collectors.kernel_latency import KernelLatencyCollector
 from sloguard.config import CollectorsConfig, EbpfCollectorConfig
-from sloguard.samples import Sample
+from sloguard.core.samples import Sample
 
 
 def need_bcc() -> None:

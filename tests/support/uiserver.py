@@ -34,7 +34,7 @@ groups:
 
 
 def feed(agent: Any, pod: str, values: list[float], start_ns: int) -> None:
-    from sloguard.samples import Sample
+    from sloguard.core.samples import Sample
 
     for second, value in enumerate(values):
         now = start_ns + second * S
