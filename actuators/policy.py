@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sloguard.config import Duration
+from sloguard.core.config import Duration
 from sloguard.core.yamlfile import YamlFileError, load_model, nearest
 
 SUPPRESS = "suppress"

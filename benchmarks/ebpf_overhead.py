@@ -37,8 +37,8 @@ import psutil
 from agent_overhead import BenchCgroups, _free_port  # benchmarks/, run as scripts
 
 from sloguard.collectors.cgroups import CgroupCollector
+from sloguard.collectors.config import CollectorsConfig
 from sloguard.collectors.kernel_latency import KernelLatencyCollector
-from sloguard.config import CollectorsConfig
 
 
 def progress(message: str) -> None:

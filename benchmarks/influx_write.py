@@ -41,10 +41,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from support.influxenv import InfluxServer, missing_message  # noqa: E402
 
-from sloguard.config import StoreConfig  # noqa: E402
 from sloguard.core.samples import Sample  # noqa: E402
 from sloguard.core.selectors import Matcher  # noqa: E402
 from sloguard.store import WindowQuery  # noqa: E402
+from sloguard.store.config import StoreConfig  # noqa: E402
 from sloguard.store.embedded import EmbeddedStore  # noqa: E402
 from sloguard.store.influx import InfluxStore  # noqa: E402
 from sloguard.store.influx_lineprotocol import LineEncoder  # noqa: E402

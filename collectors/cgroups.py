@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sloguard.config import CgroupCollectorConfig
+from sloguard.collectors.config import CgroupCollectorConfig
 from sloguard.core.cgroup_layout import CgroupLayout, detect_layout, layout_from_root
 from sloguard.core.health import ComponentStatus
 from sloguard.core.pod_cgroups import parse_pod_cgroup

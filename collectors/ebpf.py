@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from sloguard.collectors import ebpf_loader
 from sloguard.collectors.bpf_maps import MapDrainer
 from sloguard.collectors.cgroup_ids import CgroupAttribution
+from sloguard.collectors.config import EbpfCollectorConfig
 from sloguard.collectors.ebpf_loader import LoadedFamily, LoaderError
 from sloguard.collectors.ebpf_programs import (
     FAMILIES,
@@ -37,7 +38,6 @@ from sloguard.collectors.ebpf_programs import (
     tracefs_root,
 )
 from sloguard.collectors.log2hist import Log2Histogram
-from sloguard.config import EbpfCollectorConfig
 from sloguard.core.health import ComponentStatus
 from sloguard.core.samples import Sample
 

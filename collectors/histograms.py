@@ -147,12 +147,5 @@ def exact_quantile(ordered: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def percentile_name(q: float) -> str:
-    """The field name of a quantile: 0.5 -> p50, 0.99 -> p99, 0.999 -> p999 (as in the config)."""
-    text = f"{q:.6f}".rstrip("0")
-    digits = text.split(".", 1)[1] if "." in text else ""
-    return "p" + (digits.ljust(2, "0") if digits else "100")
-
-
 def _fmt(bound: float) -> str:
     return "+Inf" if bound == INF else f"{bound:g}"

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from sloguard.collectors.cgroup_ids import CgroupAttribution
 from sloguard.collectors.cgroups import CgroupCollector
+from sloguard.collectors.config import CollectorsConfig
 from sloguard.collectors.ebpf import EbpfCollector
 from sloguard.collectors.schedstat import SchedstatCollector
-from sloguard.config import CollectorsConfig
 from sloguard.core.health import ComponentStatus
 from sloguard.core.samples import Sample
 

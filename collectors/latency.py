@@ -17,8 +17,8 @@ from sloguard.collectors.histograms import (
     from_values,
     histogram_quantile,
     merge,
-    percentile_name,
 )
+from sloguard.core.percentiles import percentile_name
 
 QUANTILES = (0.5, 0.9, 0.99, 0.999)  # the p50 p90 p99 p999 fields of every app_latency sample
 

@@ -31,6 +31,7 @@ from sloguard.core.incidents import (
     Incident,
     new_incident_id,
 )
+from sloguard.core.percentiles import parse_percentile
 from sloguard.detector.api import Verdict
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
@@ -687,7 +688,7 @@ def aggregate(times: Sequence[int], values: Sequence[float], how: str) -> float:
         return float(len(values))
     if how in ("first", "last"):
         return values[0] if how == "first" else values[-1]
-    q = 0.5 if how == "median" else float(how[1:]) / 100
+    q = 0.5 if how == "median" else parse_percentile(how)
     ordered = sorted(values)  # linear interpolation, as numpy's and pandas' default
     pos = (len(ordered) - 1) * q
     low = math.floor(pos)

@@ -37,7 +37,7 @@ from pydantic import (
     model_validator,
 )
 
-from sloguard.config import Duration
+from sloguard.core.config import Duration
 from sloguard.core.selectors import Selector, parse_selector
 from sloguard.core.yamlfile import YamlFileError, load_model, nearest
 from sloguard.store import check_aggregation

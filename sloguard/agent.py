@@ -23,7 +23,6 @@ from sloguard.actuators.ladder import Ladder
 from sloguard.actuators.ledger import Ledger
 from sloguard.actuators.policy import PolicySet
 from sloguard.collectors.cgroups import CgroupCollector
-from sloguard.config import Settings, app_latency_wanted
 from sloguard.core import failpoints
 from sloguard.core.clock import SYSTEM, Clock
 from sloguard.core.health import ComponentStatus
@@ -35,6 +34,7 @@ from sloguard.detector.engine import AGENT_GROUP, Engine
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import RuleSet
+from sloguard.settings import Settings, app_latency_wanted
 from sloguard.store import StoreError
 from sloguard.store.factory import open_configured_store
 from sloguard.store.incidents_db import IncidentStore

@@ -12,7 +12,8 @@ from typing import Annotated, Any
 import typer
 
 from sloguard import __version__
-from sloguard.config import ConfigError, LoadedSettings, load_settings
+from sloguard.core.config import ConfigError, LoadedSettings
+from sloguard.settings import load_settings
 
 app = typer.Typer(
     help="sloguard: interference detection and SLO guardrails for co-located Kubernetes nodes.",
@@ -71,7 +72,7 @@ def server(config: ConfigOpt = None, data_dir: DataDirOpt = None,
     """Run the cluster view: the same UI for every node, fed by the agents' `forward:`."""
     settings = _start_logging(_load(config, data_dir, listen).settings)
     from sloguard.cluster import ClusterServer
-    from sloguard.config import secret_sources
+    from sloguard.core.config import secret_sources
 
     if not secret_sources(settings.server, "ingest_token"):
         typer.echo("sloguard: configuration error:\nserver.ingest_token: required (or "
@@ -554,7 +555,7 @@ def _api(config: Path | None, url: str | None, method: str, path: str,
     import urllib.error
     import urllib.request
 
-    from sloguard.config import SecretUnavailable, read_secret
+    from sloguard.core.config import SecretUnavailable, read_secret
 
     settings = _load(config, None, None).settings
     if url is None:

@@ -21,10 +21,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from sloguard.actuators.ledger import AuditEntry, Ledger
-from sloguard.config import Settings
 from sloguard.core.health import ComponentStatus
 from sloguard.core.incidents import Incident
 from sloguard.core.selfmetrics import AgentMetrics
+from sloguard.settings import Settings
 from sloguard.store import StoreError
 from sloguard.store.incidents_db import IncidentStore
 

@@ -23,7 +23,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from sloguard.config import ForwardConfig, SecretUnavailable, read_secret
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from sloguard.core.config import (
+    Duration,
+    SecretUnavailable,
+    Section,
+    http_url,
+    read_secret,
+    secret_sources,
+)
 from sloguard.core.health import ComponentStatus
 
 log = logging.getLogger(__name__)
@@ -31,6 +40,37 @@ log = logging.getLogger(__name__)
 INGEST_PATH = "/api/v1/ingest"
 MAX_BACKOFF_S = 60.0
 MAX_BATCHES_A_ROUND = 20  # then wait an interval, so a long backlog does not hog the server
+
+
+class ForwardConfig(Section):
+    """Send this node's incidents and actions to a cluster server (`sloguard server`). Off
+    while `url` is unset. The local stores are the buffer: nothing is lost while it is away."""
+
+    url: str | None = Field(None, description="the cluster server, e.g. http://sloguard:8080")
+    token: SecretStr | None = Field(
+        None, description="the server's server.ingest_token (not its ui.token); prefer "
+                          "token_file (a mounted Secret) or token_env")
+    token_file: str | None = None
+    token_env: str | None = None
+    interval: Duration = Field(5.0, gt=0, description="how often to send what changed")
+    batch: int = Field(200, ge=1, le=1000, description="most incidents (and actions) a request")
+    timeout: Duration = Field(10.0, gt=0, description="of one request")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return http_url(value).rstrip("/") if value else None
+
+    @model_validator(mode="after")
+    def _one_token(self) -> ForwardConfig:
+        sources = secret_sources(self, "token")
+        if len(sources) > 1:
+            raise ValueError("give only one of token, token_file, token_env")
+        if self.url and not sources:
+            raise ValueError("url is set without a token: set token, token_file or token_env "
+                             "(the server's server.ingest_token)")
+        return self
+
 
 
 def redact_url(url: str | None) -> str:

@@ -9,7 +9,7 @@ import threading
 from prometheus_client import generate_latest
 
 from sloguard.agent import Agent
-from sloguard.config import load_settings
+from sloguard.settings import load_settings
 from sloguard.store import WindowQuery
 
 

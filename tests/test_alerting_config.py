@@ -8,19 +8,17 @@ import subprocess
 
 import pytest
 
-from sloguard.actuators.alerting.inhibition import Inhibitor
-from sloguard.actuators.alerting.routing import build_route
-from sloguard.config import (
+from sloguard.actuators.alerting.config import (
     AlertingConfig,
-    ConfigError,
     InhibitRuleConfig,
     RouteConfig,
-    SecretUnavailable,
     SlackConfig,
-    load_settings,
-    read_secret,
 )
+from sloguard.actuators.alerting.inhibition import Inhibitor
+from sloguard.actuators.alerting.routing import build_route
+from sloguard.core.config import ConfigError, SecretUnavailable, read_secret
 from sloguard.core.selectors import parse_matchers
+from sloguard.settings import load_settings
 
 HOOK = "https://hooks.slack.com/services/T0/B0/SECRETSECRETSECRET"
 

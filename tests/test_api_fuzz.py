@@ -45,7 +45,7 @@ slos:
 
 def _agent_app(tmp, extra: str = ""):
     from sloguard.agent import Agent
-    from sloguard.config import load_settings
+    from sloguard.settings import load_settings
     from sloguard.ui.app import create_app
 
     (tmp / "rules").mkdir()

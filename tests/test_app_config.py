@@ -7,7 +7,9 @@ import subprocess
 
 import pytest
 
-from sloguard.config import ConfigError, app_latency_wanted, load_settings, percentile_quantile
+from sloguard.core.config import ConfigError
+from sloguard.core.percentiles import parse_percentile
+from sloguard.settings import app_latency_wanted, load_settings
 
 GOOD = """\
 app_latency:
@@ -35,7 +37,7 @@ def test_accepts_targets_probes_slos(tmp_path):
     assert s.slos[1].percentile == "p99" and s.slos[1].error_rate is None
     assert app_latency_wanted(s)
     assert not app_latency_wanted(load_settings(None).settings)  # nothing to do: no thread
-    assert [percentile_quantile(p) for p in ("p50", "p90", "p95", "p99", "p999", "P99.99")] \
+    assert [parse_percentile(p) for p in ("p50", "p90", "p95", "p99", "p999", "P99.99")] \
         == pytest.approx([0.5, 0.9, 0.95, 0.99, 0.999, 0.9999])
 
 

@@ -26,9 +26,9 @@ from sloguard.collectors.histograms import (
     from_counts,
     histogram_quantile,
     merge,
-    percentile_name,
 )
 from sloguard.collectors.latency import LatencyBatch, combined_quantile
+from sloguard.core.percentiles import parse_percentile, percentile_name
 
 BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
@@ -70,6 +70,34 @@ def test_quantile_matches_promql_edge_cases():
     assert math.isnan(histogram_quantile(0.5, Buckets((1.0, INF), (0, 0))))
     assert percentile_name(0.5) == "p50" and percentile_name(0.999) == "p999"
     assert percentile_name(0.95) == "p95" and percentile_name(0.9999) == "p9999"
+
+
+@pytest.mark.parametrize("name, quantile", [
+    ("p50", 0.5), ("p5", 0.05), ("p05", 0.05), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999),
+    ("p99.9", 0.999), ("P99.99", 0.9999), ("p9995", 0.9995), ("p0.1", 0.001)])
+def test_one_percentile_vocabulary(name, quantile):
+    """Rules (aggregations), SLOs, pushed fields and stored field names read a percentile the
+    same way: p999 was 99.9 for an SLO but refused as a rule's aggregation before."""
+    from sloguard.collectors.config import SloConfig
+    from sloguard.detector.engine import aggregate
+    from sloguard.store import check_aggregation
+
+    assert parse_percentile(name) == pytest.approx(quantile)
+    assert parse_percentile(percentile_name(quantile)) == pytest.approx(quantile)
+    assert check_aggregation(name) == name
+    assert SloConfig(service="s", percentile=name, latency_ms=1).quantile == pytest.approx(quantile)
+    values = [float(v) for v in range(10001)]
+    assert aggregate(list(range(len(values))), values, name) == pytest.approx(10000 * quantile)
+
+
+@pytest.mark.parametrize("name", ["p0", "p100", "p200", "p", "99", "p-1", "p1e2", "p²", "p99.", "mean2"])
+def test_not_a_percentile(name):
+    from sloguard.store import check_aggregation
+
+    with pytest.raises(ValueError):
+        parse_percentile(name)
+    with pytest.raises(ValueError):
+        check_aggregation(name)
 
 
 def test_delta_handles_resets_and_layout_changes():

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from support.latency_service import LatencyService, Traffic, closed_port
 
 from sloguard.collectors.app_latency import AppLatencyCollector
-from sloguard.config import AppLatencyConfig, SloConfig
+from sloguard.collectors.config import AppLatencyConfig, SloConfig
 
 
 class Run:

@@ -10,8 +10,8 @@ from kubernetes import client
 from support.latency_service import LatencyService, Traffic
 
 from sloguard.collectors.app_latency import AppLatencyCollector
+from sloguard.collectors.config import AppLatencyConfig
 from sloguard.collectors.kube_pods import PodMetadataCache, load_api_client
-from sloguard.config import AppLatencyConfig
 
 NODE = "app-node"
 

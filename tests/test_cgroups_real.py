@@ -7,7 +7,7 @@ import time
 import uuid
 
 from sloguard.collectors.cgroups import CgroupCollector
-from sloguard.config import CgroupCollectorConfig, CgroupDeclaration
+from sloguard.collectors.config import CgroupCollectorConfig, CgroupDeclaration
 from sloguard.core.samples import Sample
 
 

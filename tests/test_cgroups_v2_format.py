@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from sloguard.collectors.cgroups import CgroupCollector
-from sloguard.config import CgroupCollectorConfig
+from sloguard.collectors.config import CgroupCollectorConfig
 from sloguard.core.cgroup_layout import detect_layout, layout_from_root
 
 POD = (

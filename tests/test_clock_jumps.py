@@ -13,10 +13,10 @@ from __future__ import annotations
 from support.slack_server import SlackServer
 
 from sloguard.agent import Agent
-from sloguard.config import load_settings
 from sloguard.core.health import ComponentStatus
 from sloguard.core.incidents import FIRING, RESOLVED
 from sloguard.core.samples import Sample
+from sloguard.settings import load_settings
 
 S = 10**9
 HOUR = 3600

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sloguard.config import ConfigError, load_settings
+from sloguard.core.config import ConfigError
 from sloguard.core.selectors import parse_selector
 from sloguard.core.units import format_duration, parse_duration, parse_size
+from sloguard.settings import load_settings
 
 
 def test_units():

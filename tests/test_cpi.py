@@ -16,7 +16,7 @@ from support.ebpf import dominate_cpu
 
 from sloguard.collectors import cpi
 from sloguard.collectors.cgroups import CgroupCollector
-from sloguard.config import CgroupCollectorConfig
+from sloguard.collectors.config import CgroupCollectorConfig
 
 
 def _hardware_counters() -> OSError | None:

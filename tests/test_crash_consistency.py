@@ -223,7 +223,8 @@ def test_the_audit_is_pruned_by_retention_in_batches(tmp_path):
 
 
 def test_the_audit_retention_cannot_be_shorter_than_the_eviction_budgets(tmp_path):
-    from sloguard.config import ConfigError, load_settings
+    from sloguard.core.config import ConfigError
+    from sloguard.settings import load_settings
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("actuators:\n  audit_retention: 10m\n")

@@ -9,7 +9,6 @@ import sqlite3
 from test_clock_jumps import SteppedClock
 
 from sloguard.agent import MAINTAIN_S, Agent
-from sloguard.config import load_settings
 from sloguard.core.incidents import (
     COMPACTED,
     FIRING,
@@ -20,6 +19,7 @@ from sloguard.core.incidents import (
     Evidence,
     Incident,
 )
+from sloguard.settings import load_settings
 from sloguard.store.incidents_db import IncidentStore
 
 S = 10**9
@@ -84,7 +84,7 @@ def test_resolved_incidents_leave_the_table_after_the_retention(tmp_path):
 def test_the_retention_is_a_checked_duration(tmp_path):
     import pytest
 
-    from sloguard.config import ConfigError
+    from sloguard.core.config import ConfigError
 
     config = tmp_path / "c.yaml"
     config.write_text("incidents:\n  retention: a month\n")

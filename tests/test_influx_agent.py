@@ -17,9 +17,9 @@ from prometheus_client import generate_latest
 from test_agent_e2e import RULES, AgentProcess
 
 from sloguard.agent import Agent
-from sloguard.config import load_settings
 from sloguard.core.health import ComponentStatus
 from sloguard.core.samples import Sample
+from sloguard.settings import load_settings
 from sloguard.store import WindowQuery
 
 pytestmark = pytest.mark.influx

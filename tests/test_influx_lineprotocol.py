@@ -121,7 +121,7 @@ def test_write_outcomes_and_version_choice():
 
 
 def test_gzip_auto_compresses_unless_the_server_is_on_loopback():
-    from sloguard.config import StoreConfig
+    from sloguard.store.config import StoreConfig
     from sloguard.store.influx import wants_gzip
 
     def gz(url: str, setting: bool | str = "auto") -> bool:
@@ -139,8 +139,8 @@ def test_backoff_grows_with_jitter_and_honours_retry_after(tmp_path):
 
     from support.influxenv import free_port
 
-    from sloguard.config import StoreConfig
     from sloguard.store import StoreError, WindowQuery
+    from sloguard.store.config import StoreConfig
     from sloguard.store.influx import InfluxStore
     from sloguard.store.influx_write import SendResult
 

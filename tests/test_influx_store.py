@@ -16,11 +16,13 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sloguard.collectors.node import NodeCollector
-from sloguard.config import ConfigError, StoreConfig, load_settings
+from sloguard.core.config import ConfigError
 from sloguard.core.samples import Sample
 from sloguard.core.selectors import Matcher
 from sloguard.core.selfmetrics import AgentMetrics
+from sloguard.settings import load_settings
 from sloguard.store import StoreError, WindowQuery
+from sloguard.store.config import StoreConfig
 from sloguard.store.embedded import EmbeddedStore
 from sloguard.store.influx import InfluxStore
 

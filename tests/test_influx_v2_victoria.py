@@ -14,9 +14,9 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from sloguard.config import StoreConfig
 from sloguard.core.samples import Sample
 from sloguard.core.selfmetrics import AgentMetrics
+from sloguard.store.config import StoreConfig
 from sloguard.store.influx import InfluxStore
 
 pytestmark = pytest.mark.influx

@@ -11,8 +11,9 @@ from kubernetes import client
 
 from sloguard.agent import Agent
 from sloguard.collectors.cgroups import CgroupCollector
+from sloguard.collectors.config import CgroupCollectorConfig
 from sloguard.collectors.kube_pods import PodMetadataCache, load_api_client
-from sloguard.config import CgroupCollectorConfig, load_settings
+from sloguard.settings import load_settings
 from sloguard.store import WindowQuery
 
 NODE = "meta-node"

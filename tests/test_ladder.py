@@ -745,7 +745,7 @@ def test_an_unknown_policy_is_reported_not_guessed(tmp_path):
 def test_policies_check_cli(tmp_path, sloguard_bin):
     import subprocess
 
-    from sloguard.config import load_settings
+    from sloguard.settings import load_settings
 
     shipped = load_settings().settings.actuators.policies
     ok = subprocess.run([sloguard_bin, "policies", "check", *shipped], capture_output=True,
@@ -925,7 +925,7 @@ def test_a_policy_path_that_cannot_be_listed_does_not_stop_detection(tmp_path):
     listed (here a name too long for the file system) once raised out of every tick, before
     the engine evaluated anything."""
     from sloguard.agent import Agent
-    from sloguard.config import load_settings
+    from sloguard.settings import load_settings
 
     (tmp_path / "rules").mkdir()
     (tmp_path / "rules" / "r.yaml").write_text(

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from sloguard.agent import Agent
-from sloguard.config import load_settings
 from sloguard.detector.api import Verdict, hookimpl
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import RuleFileError, load_rule_file
+from sloguard.settings import load_settings
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "plugins" / "examples" / "baseline_ratio"
 

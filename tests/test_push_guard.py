@@ -19,12 +19,13 @@ from test_agent_e2e import AgentProcess
 from test_app_latency_e2e import stop
 
 from sloguard.agent import Agent
+from sloguard.collectors.config import SloConfig
 from sloguard.collectors.latency import LatencyBatch
 from sloguard.collectors.slo_window import SloTracker
-from sloguard.config import SloConfig, load_settings
 from sloguard.core.samples import Sample
 from sloguard.core.selectors import parse_selector
 from sloguard.detector.recent import RecentWindows
+from sloguard.settings import load_settings
 from sloguard.store import WindowQuery, embedded
 from sloguard.store.embedded import EmbeddedStore
 

@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sloguard.collectors.app_latency import AppLatencyCollector
+from sloguard.collectors.config import AppLatencyConfig, SloConfig
 from sloguard.collectors.exposition import OPENMETRICS, ExpositionError, ReadSpec, read
-from sloguard.config import AppLatencyConfig, SloConfig
 from sloguard.ui.line_protocol import LineProtocolError, parse_lines
 from sloguard.ui.receive import receive_router
 

@@ -136,7 +136,8 @@ def test_link_local_and_metadata_addresses_are_refused_unless_configured():
 
 
 def test_allow_addresses_is_validated_by_name(tmp_path):
-    from sloguard.config import ConfigError, load_settings
+    from sloguard.core.config import ConfigError
+    from sloguard.settings import load_settings
 
     config = tmp_path / "c.yaml"
     config.write_text("app_latency:\n  allow_addresses: [169.254.169.254/32, nonsense]\n")
@@ -195,7 +196,7 @@ class _Pods:
 
 def test_a_pod_annotation_feeds_only_slos_of_its_own_namespace(servers):
     from sloguard.collectors.app_latency import AppLatencyCollector
-    from sloguard.config import AppLatencyConfig, SloConfig
+    from sloguard.collectors.config import AppLatencyConfig, SloConfig
     from sloguard.core.pods import PodMeta
 
     def notes():
@@ -232,8 +233,8 @@ def test_a_pod_annotation_feeds_only_slos_of_its_own_namespace(servers):
 
 
 def test_ls_labels_count_only_in_trusted_namespaces(tmp_path):
-    from sloguard.config import load_settings
     from sloguard.core.pods import PodMeta, pod_class
+    from sloguard.settings import load_settings
 
     label = "koordinator.sh/qosClass"
 
@@ -259,7 +260,7 @@ def test_the_agent_starts_one_scraper_thread(tmp_path, caplog):
     import threading
 
     from sloguard.agent import Agent
-    from sloguard.config import load_settings
+    from sloguard.settings import load_settings
 
     config = tmp_path / "c.yaml"
     config.write_text(f"node_name: n1\ndata_dir: {tmp_path / 'data'}\n"

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from test_agent_e2e import AgentProcess
 
 from sloguard.agent import Agent
-from sloguard.config import load_settings
+from sloguard.settings import load_settings
 from sloguard.ui.app import create_app
 
 LOOPBACK = ("127.0.0.1", 40000)

@@ -75,7 +75,8 @@ def test_beyond_loopback_reading_needs_the_token_too(tmp_path):
 
 
 def test_the_config_refuses_to_expose_an_agent_without_a_token(tmp_path):
-    from sloguard.config import ConfigError, load_settings
+    from sloguard.core.config import ConfigError
+    from sloguard.settings import load_settings
 
     config = tmp_path / "c.yaml"
     config.write_text("listen: 0.0.0.0:8080\n")

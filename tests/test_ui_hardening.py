@@ -133,7 +133,8 @@ def test_tls_for_the_ui_with_secure_cookies(tmp_path):
 
 
 def test_tls_needs_both_files_readable(tmp_path):
-    from sloguard.config import ConfigError, load_settings
+    from sloguard.core.config import ConfigError
+    from sloguard.settings import load_settings
 
     cert, _ = _certificate(tmp_path)
     config = tmp_path / "c.yaml"
@@ -195,7 +196,7 @@ def test_wrong_ingest_tokens_are_rate_limited_too(tmp_path, caplog):
     from fastapi.testclient import TestClient
 
     from sloguard.cluster import ClusterServer
-    from sloguard.config import load_settings
+    from sloguard.settings import load_settings
     from sloguard.ui.app import create_app
 
     caplog.set_level(logging.WARNING, logger="sloguard.ui.auth")

@@ -146,9 +146,9 @@ class Auth:
     def __init__(self, settings: Any) -> None:
         self.ui = settings.ui
         host = settings.listen_host_port[0]
-        from sloguard.config import _loopback
+        from sloguard.core.config import is_loopback
 
-        self.read_open = _loopback(host)
+        self.read_open = is_loopback(host)
         self.secure_cookies = bool(getattr(self.ui, "tls_cert_file", None))
         self.allowed_hosts = frozenset(h.lower().rstrip(".")
                                        for h in getattr(self.ui, "allowed_hosts", []) or [])

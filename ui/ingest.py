@@ -17,7 +17,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sloguard.config import SecretUnavailable, read_secret
+from sloguard.core.config import SecretUnavailable, read_secret
 from sloguard.core.incidents import SEVERITIES, STATES, Incident
 from sloguard.ui.auth import FailureLimiter, client_of
 

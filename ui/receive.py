@@ -45,7 +45,7 @@ from starlette.concurrency import run_in_threadpool
 from sloguard.collectors.app_latency import AppLatencyCollector, Overloaded
 from sloguard.collectors.histograms import from_counts
 from sloguard.collectors.latency import LatencyBatch
-from sloguard.config import percentile_quantile
+from sloguard.core.percentiles import parse_percentile
 from sloguard.core.samples import Sample
 from sloguard.ui.line_protocol import LineProtocolError, parse_lines
 
@@ -127,7 +127,7 @@ class ObservationIn(BaseModel):
             raise ValueError(f"latency_ms.{bad}: must be a finite number >= 0")
         for name, value in (self.percentiles or {}).items():
             try:
-                percentile_quantile(name)
+                parse_percentile(name)
             except ValueError as exc:
                 raise ValueError(f"percentiles.{name}: {exc}") from None
             if not math.isfinite(value) or value < 0:
@@ -144,7 +144,7 @@ class ObservationIn(BaseModel):
             buckets = from_counts(self.histogram.bounds_ms, self.histogram.counts)
             batch = LatencyBatch(buckets=buckets, requests=buckets.total)
         else:
-            batch = LatencyBatch(quantiles={percentile_quantile(k): v
+            batch = LatencyBatch(quantiles={parse_percentile(k): v
                                             for k, v in (self.percentiles or {}).items()})
         if self.requests is not None:
             batch.requests = self.requests
@@ -414,7 +414,7 @@ def receive_router(collector: AppLatencyCollector, cfg: Any, node: str) -> APIRo
                 fields = _app_latency_fields(where, point.tags, point.fields)
                 tags.setdefault("target", "push")
                 batch = LatencyBatch(
-                    quantiles={percentile_quantile(k): v for k, v in fields.items()
+                    quantiles={parse_percentile(k): v for k, v in fields.items()
                                if _is_percentile(k)},
                     requests=fields.get("requests", 0.0), errors=fields.get("errors"))
                 batches.append((tags["service"], tags.get("namespace", ""), batch, when))
@@ -434,7 +434,7 @@ def _series_key(sample: Sample) -> tuple:
 
 def _is_percentile(name: str) -> bool:
     try:
-        percentile_quantile(name)
+        parse_percentile(name)
     except ValueError:
         return False
     return True

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sloguard.config import InhibitRuleConfig
+from sloguard.actuators.alerting.config import InhibitRuleConfig
 from sloguard.core.selectors import Matcher, parse_matchers
 
 

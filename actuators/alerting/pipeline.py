@@ -19,6 +19,7 @@ from typing import Any
 
 from sloguard.actuators.alerting.alerts import Alert, alert_labels
 from sloguard.actuators.alerting.blocks import Renderer
+from sloguard.actuators.alerting.config import AlertingConfig, RouteConfig
 from sloguard.actuators.alerting.db import AlertDB
 from sloguard.actuators.alerting.grouping import (
     REPEAT,
@@ -32,7 +33,6 @@ from sloguard.actuators.alerting.outbox import POST, REPLY, UPDATE, WEBHOOK, Out
 from sloguard.actuators.alerting.routing import build_route
 from sloguard.actuators.alerting.silences import ACTIVE, SilenceStore
 from sloguard.actuators.alerting.slack import SlackSender
-from sloguard.config import AlertingConfig, RouteConfig
 from sloguard.core.health import ComponentStatus
 from sloguard.core.incidents import FIRING, Incident
 from sloguard.core.incidents import RESOLVED as INCIDENT_RESOLVED

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sloguard.config import RouteConfig
+from sloguard.actuators.alerting.config import RouteConfig
 from sloguard.core.selectors import Matcher, parse_matchers
 
 # Alertmanager's defaults

@@ -37,6 +37,7 @@ from slack_sdk import WebClient, WebhookClient
 from slack_sdk.errors import SlackApiError
 
 from sloguard.actuators.alerting.blocks import mark_possible_repeat, text_only
+from sloguard.actuators.alerting.config import SlackConfig
 from sloguard.actuators.alerting.outbox import (
     FAILED,
     POST,
@@ -47,7 +48,7 @@ from sloguard.actuators.alerting.outbox import (
     Entry,
     Outbox,
 )
-from sloguard.config import SecretUnavailable, SlackConfig, read_secret, secret_sources
+from sloguard.core.config import SecretUnavailable, read_secret, secret_sources
 
 log = logging.getLogger(__name__)
 

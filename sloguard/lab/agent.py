@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from sloguard.config import default_policy_paths
+from sloguard.actuators.config import default_policy_paths
 
 KUBE_STEPS = ("cordon", "reduce_capacity", "evict")
 SERVICE = "redis-lab"

@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sloguard.config import Duration
+from sloguard.core.config import Duration
 from sloguard.core.cpulist import parse_cpulist
 from sloguard.core.yamlfile import YamlFileError, load_model
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from sloguard.core.health import ComponentStatus
+from sloguard.core.percentiles import is_percentile
 from sloguard.core.samples import Sample
 from sloguard.core.selectors import Matcher
 
@@ -22,17 +23,12 @@ AGGREGATIONS = ("mean", "min", "max", "sum", "count", "first", "last", "median")
 
 
 def check_aggregation(agg: str) -> str:
-    """Accept the named aggregations and percentiles spelled p50, p99, p99.9."""
-    if agg in AGGREGATIONS:
+    """Accept the named aggregations and percentiles (sloguard/core/percentiles.py: p50, p99,
+    p999, p99.9)."""
+    if agg in AGGREGATIONS or is_percentile(agg):
         return agg
-    if agg.startswith("p"):
-        try:
-            q = float(agg[1:])
-        except ValueError:
-            q = -1.0
-        if 0 < q < 100:
-            return agg
-    raise ValueError(f"unknown aggregation {agg!r} (use {', '.join(AGGREGATIONS)} or p50..p99.9)")
+    raise ValueError(f"unknown aggregation {agg!r} (use {', '.join(AGGREGATIONS)} or a "
+                     "percentile: p50, p99, p999, p99.9)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sloguard.core.health import ComponentStatus
+from sloguard.core.percentiles import parse_percentile
 from sloguard.core.samples import Sample
 from sloguard.store import StoreError, WindowQuery, check_aggregation
 
@@ -452,7 +453,7 @@ def _bucket_in_pandas(raw: pd.DataFrame, every_ns: int, agg: str,
     if agg in ("first", "last", "median"):
         out = getattr(grouped, agg)()
     else:
-        out = grouped.quantile(float(agg[1:]) / 100)
+        out = grouped.quantile(parse_percentile(agg))
     return out.reset_index()
 
 

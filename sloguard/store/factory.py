@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from sloguard.store import Store
 
 if TYPE_CHECKING:
-    from sloguard.config import Settings
     from sloguard.core.selfmetrics import AgentMetrics
+    from sloguard.settings import Settings
 
 
 def open_configured_store(settings: Settings, metrics: AgentMetrics | None = None,

@@ -53,8 +53,8 @@ from sloguard.store.influx_write import (
 if TYPE_CHECKING:
     import pandas as pd
 
-    from sloguard.config import StoreConfig
     from sloguard.core.selfmetrics import InfluxMetrics
+    from sloguard.store.config import StoreConfig
 
 log = logging.getLogger(__name__)
 

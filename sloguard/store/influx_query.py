@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import urllib3
 
+from sloguard.core.percentiles import parse_percentile
 from sloguard.core.samples import Sample
 from sloguard.core.selectors import Matcher
 from sloguard.store import StoreError, WindowQuery, check_aggregation
@@ -88,7 +89,7 @@ def select_statement(query: WindowQuery, fields: list[str]) -> str:
     if agg in _FUNCTIONS:
         calls = [f"{_FUNCTIONS[agg]}({quote_ident(f)}) AS {quote_ident(f)}" for f in fields]
     else:
-        q = float(agg[1:])
+        q = round(parse_percentile(agg) * 100, 9)
         calls = [f"PERCENTILE({quote_ident(f)}, {q!r}) AS {quote_ident(f)}" for f in fields]
     return (f"SELECT {', '.join(calls)} FROM {src} WHERE {where} "
             f"GROUP BY time({int(query.every_ns)}ns), * fill(none)")

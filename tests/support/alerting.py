@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sloguard.actuators.alerting.config import AlertingConfig
 from sloguard.actuators.alerting.db import AlertDB
 from sloguard.actuators.alerting.pipeline import Alerting
-from sloguard.config import AlertingConfig
 from sloguard.core.incidents import FIRING, RESOLVED, ActionRecord, Evidence, Incident
 
 S = 10**9

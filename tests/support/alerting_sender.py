@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from sloguard.actuators.alerting.config import AlertingConfig
 from sloguard.actuators.alerting.db import AlertDB
 from sloguard.actuators.alerting.pipeline import Alerting
-from sloguard.config import AlertingConfig
 
 
 def main() -> None:

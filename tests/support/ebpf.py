@@ -9,9 +9,9 @@ from typing import Any
 from conftest import need
 
 from sloguard.collectors.cgroups import CgroupCollector
+from sloguard.collectors.config import CollectorsConfig, EbpfCollectorConfig
 from sloguard.collectors.ebpf import kernel_source
 from sloguard.collectors.kernel_latency import KernelLatencyCollector
-from sloguard.config import CollectorsConfig, EbpfCollectorConfig
 from sloguard.core.samples import Sample
 
 

@@ -52,7 +52,7 @@ def served_agent(tmp_path: Path, extra_config: str = "",
     import uvicorn
 
     from sloguard.agent import Agent
-    from sloguard.config import load_settings
+    from sloguard.settings import load_settings
     from sloguard.ui.app import create_app, server_options
 
     (tmp_path / "rules").mkdir(exist_ok=True)
