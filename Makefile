@@ -43,10 +43,13 @@ test-deps: bcc-setup
 	bash scripts/docker-testenv.sh
 	bash scripts/lab-testenv.sh
 
+## ruff, and the layer rule: each part imports only from the layers below it (pyproject.toml's
+## [tool.importlinter], docs/architecture.md).
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
+	$(BIN)/python scripts/lint_imports.py
 
-## The whole suite: lint, then every test against the real components.
+## The whole suite: lint (ruff and the import contract), then every test against the real components.
 test: install-test test-deps lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

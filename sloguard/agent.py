@@ -59,7 +59,7 @@ class Agent:
             data_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"data_dir {data_dir}: cannot create it: {exc.strerror}") from exc
-        self.store = open_configured_store(settings, self.metrics)
+        self.store = open_configured_store(settings.store, settings.data_dir, self.metrics)
         self.incidents = IncidentStore(data_dir / "incidents.db")
         self.pods: Any = None
         self._kube_error = ""

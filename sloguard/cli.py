@@ -271,9 +271,9 @@ def backtest(
     """Replay stored history through rules: what would have fired, when, what would have run."""
     from datetime import UTC, datetime
 
+    from sloguard.backtest import backtest as run_backtest
+    from sloguard.backtest import plot as draw
     from sloguard.core.units import parse_duration
-    from sloguard.detector.backtest import backtest as run_backtest
-    from sloguard.detector.backtest import plot as draw
     from sloguard.detector.registry import DetectorRegistry
     from sloguard.detector.rules import RuleSet
     from sloguard.store import StoreError
@@ -301,7 +301,7 @@ def backtest(
         typer.echo(f"sloguard: no stored history at {database}", err=True)
         raise typer.Exit(2)
     try:
-        store = open_configured_store(settings, writer=False)
+        store = open_configured_store(settings.store, settings.data_dir, writer=False)
     except StoreError as exc:
         typer.echo(f"sloguard: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -90,7 +90,8 @@ def test_one_percentile_vocabulary(name, quantile):
     assert aggregate(list(range(len(values))), values, name) == pytest.approx(10000 * quantile)
 
 
-@pytest.mark.parametrize("name", ["p0", "p100", "p200", "p", "99", "p-1", "p1e2", "p²", "p99.", "mean2"])
+@pytest.mark.parametrize(
+    "name", ["p0", "p100", "p200", "p", "99", "p-1", "p1e2", "p²", "p99.", "mean2"])
 def test_not_a_percentile(name):
     from sloguard.store import check_aggregation
 

@@ -9,19 +9,19 @@ from sloguard.store import Store
 
 if TYPE_CHECKING:
     from sloguard.core.selfmetrics import AgentMetrics
-    from sloguard.settings import Settings
+    from sloguard.store.config import StoreConfig
 
 
-def open_configured_store(settings: Settings, metrics: AgentMetrics | None = None,
-                          writer: bool = True) -> Store:
-    """The store `settings.store` describes. `writer=False` opens InfluxDB for reading only
-    (a backtest must not replay the agent's spool behind its back)."""
-    cfg = settings.store
+def open_configured_store(cfg: StoreConfig, data_dir: str | Path,
+                          metrics: AgentMetrics | None = None, writer: bool = True) -> Store:
+    """The store the `store` section describes, keeping its files in data_dir. `writer=False`
+    opens InfluxDB for reading only (a backtest must not replay the agent's spool behind its
+    back)."""
     if cfg.kind == "influxdb":
         from sloguard.store.influx import InfluxStore
 
-        return InfluxStore(cfg, Path(settings.data_dir),
+        return InfluxStore(cfg, Path(data_dir),
                            metrics.influx() if metrics is not None else None, writer=writer)
     from sloguard.store.embedded import open_store
 
-    return open_store(settings.data_dir, cfg.retention, cfg.max_size)
+    return open_store(data_dir, cfg.retention, cfg.max_size)
