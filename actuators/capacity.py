@@ -27,6 +27,7 @@ from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any, ClassVar
 
 from sloguard.actuators.env import ANNOTATION_PREFIX, ActuatorEnv
+from sloguard.actuators.hookspecs import hookimpl
 from sloguard.actuators.kube_step import KubeStep
 from sloguard.actuators.kubeapi import api_status, describe, emit_node_event, transient
 from sloguard.actuators.step import (
@@ -324,3 +325,8 @@ def _describe(values: dict[str, dict[str, dict[str, str]]]) -> str:
         said = [f"{field} {r['was']} -> {r['set']}" for field, r in fields.items()]
         parts.append(f"{name} {', '.join(said)}")
     return "; ".join(parts)
+
+
+@hookimpl
+def sloguard_steps() -> list[type]:
+    return [ReduceCapacity]

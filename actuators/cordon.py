@@ -17,6 +17,7 @@ import datetime
 from typing import Any, ClassVar
 
 from sloguard.actuators.env import ANNOTATION_PREFIX, ActuatorEnv
+from sloguard.actuators.hookspecs import hookimpl
 from sloguard.actuators.kube_step import KubeStep
 from sloguard.actuators.kubeapi import emit_node_event
 from sloguard.actuators.step import (
@@ -167,3 +168,8 @@ def _taint_dict(taint: Any) -> dict[str, Any]:
 def _stamp(now_ns: int) -> str:
     return datetime.datetime.fromtimestamp(now_ns / 1e9, datetime.UTC).strftime(
         "%Y-%m-%dT%H:%M:%SZ")
+
+
+@hookimpl
+def sloguard_steps() -> list[type]:
+    return [Cordon]

@@ -45,6 +45,7 @@ from sloguard.actuators.cgroupfs import (
     undo_writes,
 )
 from sloguard.actuators.env import ActuatorEnv
+from sloguard.actuators.hookspecs import hookimpl
 from sloguard.actuators.step import BE, StepContext, StepResult, reject_unknown
 from sloguard.core.units import parse_duration
 
@@ -232,3 +233,8 @@ def _number(params: dict[str, Any], name: str, default: float, low: float,
             low <= value <= high):
         raise ValueError(f"{name} must be a number from {low:g} to {high:g}")
     return float(value)
+
+
+@hookimpl
+def sloguard_steps() -> list[type]:
+    return [CpuQuota]

@@ -36,6 +36,7 @@ from sloguard.actuators.cgroupfs import (
     write_value,
 )
 from sloguard.actuators.env import ActuatorEnv
+from sloguard.actuators.hookspecs import hookimpl
 from sloguard.actuators.step import (
     DONE,
     FAILED,
@@ -274,3 +275,8 @@ class Cpuset:
         if notes:
             result = StepResult(DONE, result.target, f"{result.detail}; {'; '.join(notes)}")
         return result
+
+
+@hookimpl
+def sloguard_steps() -> list[type]:
+    return [Cpuset]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sloguard.actuators.env import ActuatorEnv
+from sloguard.actuators.hookspecs import hookimpl
 from sloguard.actuators.kube_step import KubeStep
 from sloguard.actuators.kubeapi import (
     NotThisNode,
@@ -409,3 +410,8 @@ def _count(params: dict[str, Any], name: str, default: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be a whole number >= 0")
     return value
+
+
+@hookimpl
+def sloguard_steps() -> list[type]:
+    return [Evict]

@@ -1,48 +1,68 @@
 """The step kinds a policy may name, and the factory that builds them from a policy's steps.
 
-Built-ins are named by module path and imported on first use, so an agent whose policies only
-cordon never imports the cgroup or resctrl code, and a broken optional module fails only the
-policies that use it (with the reason, against the policy file's line).
+The steps extension point (sloguard/core/extensions.py): the built-in levers are registered
+here by name, third parties come through the entry-point group `sloguard.steps`. A plugin that
+fails to load is reported by name; a policy naming one of its steps is rejected with the reason,
+against the policy file's line, while the other policies still load.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
+from sloguard.actuators import hookspecs
 from sloguard.actuators.env import ActuatorEnv
 from sloguard.actuators.policy import StepSpec
+from sloguard.core.extensions import Extensions
 
+ENTRY_POINT_GROUP = "sloguard.steps"
+
+# The built-in step plugins, by plugin name: one file per lever (koordlet's one strategy each).
 BUILTIN_STEPS = {
-    "notify": "sloguard.actuators.notify:Notify",
-    "cordon": "sloguard.actuators.cordon:Cordon",
-    "reduce_capacity": "sloguard.actuators.capacity:ReduceCapacity",
-    "evict": "sloguard.actuators.evict:Evict",
-    "cpu_idle": "sloguard.actuators.cpu_idle:CpuIdle",
-    "cpuset": "sloguard.actuators.cpuset:Cpuset",
-    "cpu_quota": "sloguard.actuators.cpu_quota:CpuQuota",
-    "memory_limit": "sloguard.actuators.memory_limit:MemoryLimit",
-    "resctrl": "sloguard.actuators.resctrl:Resctrl",
+    "notify": "sloguard.actuators.notify",
+    "cordon": "sloguard.actuators.cordon",
+    "reduce_capacity": "sloguard.actuators.capacity",
+    "evict": "sloguard.actuators.evict",
+    "cpu_idle": "sloguard.actuators.cpu_idle",
+    "cpuset": "sloguard.actuators.cpuset",
+    "cpu_quota": "sloguard.actuators.cpu_quota",
+    "memory_limit": "sloguard.actuators.memory_limit",
+    "resctrl": "sloguard.actuators.resctrl",
 }
 
 
+class StepRegistry(Extensions):
+    def __init__(self, use_entry_points: bool = True, plugins: tuple[Any, ...] = ()) -> None:
+        super().__init__("step", hookspecs, "sloguard_steps", ENTRY_POINT_GROUP, BUILTIN_STEPS,
+                         plugins=plugins, use_entry_points=use_entry_points, key="kind")
+
+
 class StepFactory:
-    def __init__(self, env: ActuatorEnv, kinds: dict[str, str] | None = None) -> None:
+    """Builds policy steps. `kinds` replaces the registry with an explicit table of
+    kind -> "module:Class" (tests use it for steps of their own)."""
+
+    def __init__(self, env: ActuatorEnv, kinds: Mapping[str, str] | None = None,
+                 registry: StepRegistry | None = None) -> None:
         self.env = env
-        self.kinds = dict(BUILTIN_STEPS if kinds is None else kinds)
-        self._types: dict[str, type] = {}
+        self.registry = registry if registry is not None or kinds else StepRegistry()
+        self.kinds = dict(kinds or {})
         self._made: dict[str, Any] = {}
 
     def type_of(self, kind: str) -> type:
-        if kind not in self._types:
-            where = self.kinds.get(kind)
-            if where is None:
-                known = ", ".join(sorted(self.kinds))
-                raise ValueError(f"unknown step {kind!r} (available: {known}, suppress)")
-            module, _, name = where.partition(":")
-            self._types[kind] = getattr(importlib.import_module(module), name)
-        return self._types[kind]
+        if self.registry is not None:
+            try:
+                return self.registry.get(kind)
+            except ValueError as exc:
+                raise ValueError(f"{exc} (or suppress)") from None
+        where = self.kinds.get(kind)
+        if where is None:
+            known = ", ".join(sorted(self.kinds))
+            raise ValueError(f"unknown step {kind!r} (available: {known}, suppress)")
+        module, _, name = where.partition(":")
+        return getattr(importlib.import_module(module), name)
 
     def make(self, spec: StepSpec) -> Any:
         """The step for this spec; the same object for the same kind and params (steps may

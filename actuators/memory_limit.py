@@ -34,6 +34,7 @@ from sloguard.actuators.cgroupfs import (
     undo_writes,
 )
 from sloguard.actuators.env import ActuatorEnv
+from sloguard.actuators.hookspecs import hookimpl
 from sloguard.actuators.step import StepContext, StepResult, reject_unknown
 from sloguard.core.units import parse_size
 
@@ -126,3 +127,8 @@ class MemoryLimit:
 
     def undo(self, ctx: StepContext, undo: dict[str, Any]) -> StepResult:
         return undo_writes(ctx, self.target(ctx), WHAT, undo.get("writes", []))
+
+
+@hookimpl
+def sloguard_steps() -> list[type]:
+    return [MemoryLimit]

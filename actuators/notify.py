@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from sloguard.actuators.env import ActuatorEnv
+from sloguard.actuators.hookspecs import hookimpl
 from sloguard.actuators.step import DONE, PROPOSED, StepContext, StepResult, reject_unknown
 
 
@@ -38,3 +39,8 @@ class Notify:
     def undo(self, ctx: StepContext, undo: dict[str, Any]) -> StepResult:
         return StepResult(DONE, "alerting", "nothing to undo: the resolve notification follows "
                                             "the incident")
+
+
+@hookimpl
+def sloguard_steps() -> list[type]:
+    return [Notify]

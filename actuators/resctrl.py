@@ -42,6 +42,7 @@ from sloguard.actuators.cgroupfs import (
     select_targets,
 )
 from sloguard.actuators.env import ActuatorEnv
+from sloguard.actuators.hookspecs import hookimpl
 from sloguard.actuators.step import (
     DONE,
     FAILED,
@@ -443,3 +444,7 @@ def _percent(params: dict[str, Any], name: str, default: float) -> float | None:
         raise ValueError(f"{name} must be a percentage from 1 to 100 (or null: not restricted)")
     return float(value)
 
+
+@hookimpl
+def sloguard_steps() -> list[type]:
+    return [Resctrl]

@@ -17,6 +17,8 @@ class RulesConfig(Section):
 class DetectorsConfig(Section):
     plugins: list[str] = Field(
         default_factory=list, description="extra plugin modules to load (import paths)")
-    entry_points: bool = Field(True, description="load plugins of the sloguard.plugins group")
+    entry_points: bool = Field(
+        True, description="load third-party plugins of the sloguard.detectors entry-point group "
+                          "(the built-ins are always there)")
     timeout: Duration = Field(1.0, gt=0, description="longest one rule's detectors may take")
 

@@ -1,23 +1,21 @@
-"""The plugin contract of sloguard: the hook specifications, and nothing else.
+"""The detector plugin contract: the hook specification, and nothing else.
 
 A plugin is a module (or object) with functions marked `@hookimpl`, found through the
-entry-point group `sloguard.plugins` or named in the config (`detectors.plugins`). The built-in
-detectors are plugins registered the same way (see pyproject.toml). The shapes plugins exchange
-with the engine (`Verdict`, the `Detector` protocol) are in `sloguard.detector.api`.
+entry-point group `sloguard.detectors` or named in the config (`detectors.plugins`). The
+built-in detectors are plugins registered by name in detector/registry.py. The shapes plugins
+exchange with the engine (`Verdict`, the `Detector` protocol) are in `sloguard.detector.api`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import pluggy
+from sloguard.core.extensions import PROJECT, hookimpl, hookspec
 
 if TYPE_CHECKING:
     from sloguard.detector.api import Detector
 
-PROJECT = "sloguard"
-hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
+__all__ = ["PROJECT", "hookimpl", "hookspec", "sloguard_detectors"]
 
 
 @hookspec

@@ -1,5 +1,6 @@
-"""The plugin contract: built-ins through entry points, a real installed third-party plugin,
-module paths from the config, and broken plugins reported without disarming the others."""
+"""The plugin contract: built-ins registered in code, a real installed third-party plugin found
+through its entry point, module paths from the config, and broken plugins reported without
+disarming the others."""
 
 from __future__ import annotations
 
@@ -36,11 +37,16 @@ def installed_example(tmp_path_factory):
     sys.modules.pop("sloguard_baseline_ratio", None)
 
 
-def test_builtins_come_through_entry_points():
+def test_builtins_are_registered_in_code():
     registry = DetectorRegistry()
     assert registry.providers["threshold"] == "threshold"
     assert registry.errors == {}
     assert registry.make("threshold", {"above": 1}).update(2.0, 0).crossed
+    # detectors.entry_points: false turns off third parties, not the built-ins
+    alone = DetectorRegistry(use_entry_points=False)
+    assert set(alone.types) == set(registry.types) - {"baseline_ratio"}
+    assert {"threshold", "ewma", "changepoint", "page_hinkley", "slo_latency", "burn_rate",
+            "anomaly_likelihood"} <= set(alone.types)
 
 
 def test_installed_plugin_is_found_through_its_entry_point(installed_example):
@@ -51,7 +57,9 @@ def test_installed_plugin_is_found_through_its_entry_point(installed_example):
 
 def test_module_path_from_the_config(installed_example):
     registry = DetectorRegistry(["sloguard_baseline_ratio"], use_entry_points=False)
-    assert set(registry.types) == {"baseline_ratio"}
+    assert registry.providers["baseline_ratio"] == "sloguard_baseline_ratio"
+    assert set(registry.types) == set(DetectorRegistry(use_entry_points=False).types) | {
+        "baseline_ratio"}
 
 
 def test_example_plugin_learns_its_baseline_and_fires_on_a_step(installed_example):

@@ -1,0 +1,105 @@
+"""One way in for every extension point: detectors, steps (levers) and collectors.
+
+Each extension point is a pluggy hook that returns classes, each with a unique name (its `name`
+attribute, `kind` for steps: what rule files, policies and the config write). Its built-ins are plugin modules registered by name in
+code, as pytest registers its own plugins, so they exist whatever the install metadata says;
+third parties come through the extension point's entry-point group; the config may name extra
+plugin modules. A plugin that fails to import, or whose hook raises, is reported by name and
+skipped: one broken plugin must not disarm the others, and a name it would have provided says
+why it is missing.
+
+    extension point   hook                  entry-point group      contract
+    detectors         sloguard_detectors    sloguard.detectors     sloguard.detector.api
+    steps             sloguard_steps        sloguard.steps         sloguard.actuators.step
+    collectors        sloguard_collectors   sloguard.collectors    sloguard.collectors.base
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from importlib.metadata import entry_points
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+log = logging.getLogger(__name__)
+
+PROJECT = "sloguard"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+class Extensions:
+    """The table of one extension point: name -> class, who provided it, what failed."""
+
+    def __init__(self, what: str, hookspecs: ModuleType, hook: str, group: str,
+                 builtins: Mapping[str, str] | None = None, *, modules: Sequence[str] = (),
+                 plugins: Sequence[Any] = (), use_entry_points: bool = True,
+                 legacy_groups: Sequence[str] = (), key: str = "name") -> None:
+        self.what = what  # "detector", "step", "collector": the word errors use
+        self.group = group
+        self.manager = pluggy.PluginManager(PROJECT)
+        self.manager.add_hookspecs(hookspecs)
+        self.errors: dict[str, str] = {}
+        for plugin_name, module in (builtins or {}).items():
+            self._register(f"built-in {module}", lambda m=module: importlib.import_module(m),
+                           plugin_name)
+        if use_entry_points:
+            for name in (group, *legacy_groups):
+                for ep in entry_points(group=name):
+                    if name != group:
+                        log.warning("%s plugin %s: the entry-point group %s is deprecated, "
+                                    "use %s", what, ep.name, name, group)
+                    self._register(f"entry point {ep.name} ({ep.value})", ep.load, ep.name)
+        for module in modules:
+            self._register(f"module {module}", lambda m=module: importlib.import_module(m),
+                           module)
+        for plugin in plugins:
+            self._register(f"plugin {plugin!r}", lambda p=plugin: p, None)
+        self.types: dict[str, type] = {}
+        self.providers: dict[str, str] = {}
+        for impl in getattr(self.manager.hook, hook).get_hookimpls():
+            provider = impl.plugin_name
+            try:
+                provided = list(impl.function() or [])
+            except Exception as exc:
+                self.errors[provider] = f"{hook}() raised {exc.__class__.__name__}: {exc}"
+                log.error("%s plugin %s: %s", what, provider, self.errors[provider])
+                continue
+            for item in provided:
+                name = getattr(item, key, None)
+                if not isinstance(name, str) or not name:
+                    self.errors[provider] = f"{item!r} has no `{key}`"
+                elif name in self.types and self.types[name] is not item:
+                    self.errors[provider] = (f"{what} {name!r} is already provided by "
+                                             f"{self.providers[name]}")
+                else:
+                    self.types[name] = item
+                    self.providers[name] = provider
+
+    def _register(self, source: str, load: Callable[[], Any], name: str | None) -> None:
+        try:
+            plugin = load()
+            if self.manager.is_registered(plugin):
+                return
+            self.manager.register(plugin, name=name)
+        except Exception as exc:  # a broken plugin is reported, the others still load
+            self.errors[name or source] = f"{source}: {exc.__class__.__name__}: {exc}"
+            log.error("cannot load %s plugin: %s", self.what, self.errors[name or source])
+
+    def get(self, name: str) -> type:
+        """The class registered as `name`; ValueError naming what is available (and which
+        plugins failed, since the name may be theirs)."""
+        found = self.types.get(name)
+        if found is None:
+            known = ", ".join(sorted(self.types)) or "none"
+            broken = "; ".join(f"{plugin}: {why}" for plugin, why in sorted(self.errors.items()))
+            raise ValueError(f"unknown {self.what} {name!r} (available: {known})"
+                             + (f"; plugins that failed to load: {broken}" if broken else ""))
+        return found
+
+    def names(self) -> list[str]:
+        return sorted(self.types)
