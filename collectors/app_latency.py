@@ -36,7 +36,9 @@ from prometheus_client.registry import Collector as MetricsCollector
 from sloguard.collectors.app_probe import ProbeResult, describe, probe_http, probe_tcp
 from sloguard.collectors.app_scrape import ScrapeError, scrape
 from sloguard.collectors.app_targets import Target, targets_from_config, targets_from_pods
+from sloguard.collectors.base import CollectorBase, CollectorContext
 from sloguard.collectors.exposition import ExpositionError, Reading, interval
+from sloguard.collectors.hookspecs import hookimpl
 from sloguard.collectors.http_client import networks
 from sloguard.collectors.latency import LatencyBatch
 from sloguard.collectors.slo_window import SloTracker
@@ -85,8 +87,28 @@ class _Received:
     rejected: dict[str, int] = field(default_factory=dict)
 
 
-class AppLatencyCollector:
+def app_latency_wanted(settings: Any) -> bool:
+    """Whether the application-latency collector has anything to do (it costs a thread and the
+    HTTP client's memory otherwise)."""
+    app = settings.app_latency
+    return app.enabled and bool(
+        app.targets or app.probes or app.receive.enabled or settings.slos
+        or (settings.kubernetes.enabled and app.pods.enabled))
+
+
+class AppLatencyCollector(CollectorBase):
     name = "app_latency"
+
+    @classmethod
+    def create(cls, ctx: CollectorContext) -> AppLatencyCollector | None:
+        """Its config is the top-level `app_latency` and `slos` sections (issue #6)."""
+        settings = ctx.settings
+        if not app_latency_wanted(settings):
+            return None
+        cgroups = settings.collectors.cgroups
+        return cls(ctx.node, settings.app_latency, settings.slos, pods=ctx.pods,
+                   class_label=cgroups.class_label, registry=ctx.metrics,
+                   trusted_namespaces=cgroups.trusted_namespaces)
 
     def __init__(self, node: str, cfg: Any, slos: list[Any], pods: Any = None,
                  class_label: str = "koordinator.sh/qosClass", registry: Any = None,
@@ -129,6 +151,9 @@ class AppLatencyCollector:
     @property
     def thread(self) -> threading.Thread | None:
         return self._thread
+
+    def close(self) -> None:
+        self.stop()
 
     def stop(self) -> None:
         self._stop.set()
@@ -403,3 +428,8 @@ class _TargetMetrics(MetricsCollector):
             endpoint, _, reason = key.partition(" ")
             rejected.add_metric([endpoint, reason], count)
         yield from (up, duration, attempts, failures, received, rejected)
+
+
+@hookimpl
+def sloguard_collectors() -> list[type]:
+    return [AppLatencyCollector]

@@ -18,7 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sloguard.collectors.base import CollectorBase, CollectorContext
 from sloguard.collectors.config import CgroupCollectorConfig
+from sloguard.collectors.hookspecs import hookimpl
 from sloguard.core.cgroup_layout import CgroupLayout, detect_layout, layout_from_root
 from sloguard.core.health import ComponentStatus
 from sloguard.core.pod_cgroups import parse_pod_cgroup
@@ -159,8 +161,15 @@ class _Tracked:
                 *self.psi.values()]
 
 
-class CgroupCollector:
+class CgroupCollector(CollectorBase):
     name = "cgroups"
+
+    @classmethod
+    def create(cls, ctx: CollectorContext) -> CgroupCollector | None:
+        cfg = ctx.section(cls.name)
+        if not cfg.enabled:
+            return None
+        return cls(ctx.node, cfg, pod_lookup=ctx.pods.get if ctx.pods is not None else None)
 
     def __init__(
         self,
@@ -521,3 +530,8 @@ def _limit_bytes(data: bytes | None) -> int | None:
     except ValueError:
         return None
     return None if value >= _UNLIMITED_V1 else value
+
+
+@hookimpl
+def sloguard_collectors() -> list[type]:
+    return [CgroupCollector]

@@ -7,7 +7,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sloguard.core.config import Duration, Section, Size, host_port, http_url
 from sloguard.core.percentiles import parse_percentile
@@ -67,10 +75,41 @@ class CpiCollectorConfig(Section):
 
 
 class CollectorsConfig(Section):
+    """The built-ins' sections, and one per collector plugin that has settings (validated
+    against the plugin's `Config` model, so its typos are errors with file and line too)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
     node: NodeCollectorConfig = Field(default_factory=NodeCollectorConfig)
     cgroups: CgroupCollectorConfig = Field(default_factory=CgroupCollectorConfig)
     ebpf: EbpfCollectorConfig = Field(default_factory=EbpfCollectorConfig)
     cpi: CpiCollectorConfig = Field(default_factory=CpiCollectorConfig)
+
+    @model_validator(mode="after")
+    def _plugin_sections(self) -> CollectorsConfig:
+        extra = self.model_extra or {}
+        if not extra:
+            return self
+        from sloguard.collectors.registry import CollectorPlugins
+
+        plugins = CollectorPlugins()
+        for name, value in extra.items():
+            kind = plugins.types.get(name)
+            if kind is None:
+                raise ValueError(f"collectors.{name}: unknown setting: no collector of that "
+                                 f"name (collectors: {', '.join(plugins.names())})")
+            model = getattr(kind, "Config", None)
+            if model is None:
+                raise ValueError(f"collectors.{name}: the {name} collector takes no settings "
+                                 "here")
+            try:
+                extra[name] = model.model_validate(value if value is not None else {})
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(part) for part in first["loc"])
+                raise ValueError(f"collectors.{name}{'.' + where if where else ''}: "
+                                 f"{first['msg'].removeprefix('Value error, ')}") from None
+        return self
 
 
 class KubernetesConfig(Section):

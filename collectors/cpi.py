@@ -27,7 +27,9 @@ import struct
 import time
 from dataclasses import dataclass
 
+from sloguard.collectors.base import CollectorBase, CollectorContext
 from sloguard.collectors.cgroups import CgroupCollector
+from sloguard.collectors.hookspecs import hookimpl
 from sloguard.core.cpulist import parse_cpulist
 from sloguard.core.health import ComponentStatus
 from sloguard.core.samples import Sample
@@ -174,8 +176,12 @@ def unavailable_reason(exc: OSError) -> str:
     return f"perf_event_open cycles failed: {name} ({exc.strerror})"
 
 
-class CpiCollector:
+class CpiCollector(CollectorBase):
     name = "cpi"
+
+    @classmethod
+    def create(cls, ctx: CollectorContext) -> CpiCollector | None:
+        return cls(ctx.node, ctx.built.get("cgroups")) if ctx.section(cls.name).enabled else None
     MEASUREMENT = "cpi"
 
     def __init__(self, node: str, cgroups: CgroupCollector | None,
@@ -310,3 +316,8 @@ def cpi_fields(cycles: float, instructions: float, seconds: float) -> dict[str, 
         "cycles_per_s": cycles / seconds,
         "instructions_per_s": instructions / seconds,
     }
+
+
+@hookimpl
+def sloguard_collectors() -> list[type]:
+    return [CpiCollector]

@@ -9,10 +9,12 @@ component in /readyz says which of the two is feeding the rules, and why ("eBPF 
 
 from __future__ import annotations
 
+from sloguard.collectors.base import CollectorBase, CollectorContext
 from sloguard.collectors.cgroup_ids import CgroupAttribution
 from sloguard.collectors.cgroups import CgroupCollector
 from sloguard.collectors.config import CollectorsConfig
 from sloguard.collectors.ebpf import EbpfCollector
+from sloguard.collectors.hookspecs import hookimpl
 from sloguard.collectors.schedstat import SchedstatCollector
 from sloguard.core.health import ComponentStatus
 from sloguard.core.samples import Sample
@@ -27,8 +29,17 @@ def attribution_mode(key: str, cgroups: CgroupCollector) -> str:
     return "pid" if layout is not None and layout.mode == "v1" else "cgroup"
 
 
-class KernelLatencyCollector:
+class KernelLatencyCollector(CollectorBase):
     name = "ebpf"
+
+    @classmethod
+    def create(cls, ctx: CollectorContext) -> KernelLatencyCollector | None:
+        """eBPF latencies, or their procfs fallback, attributed to the cgroup collector's
+        inventory when it runs."""
+        cfg = ctx.settings.collectors
+        if not (cfg.ebpf.enabled or cfg.ebpf.fallback):
+            return None
+        return cls(ctx.node, cfg, ctx.built.get("cgroups"))
 
     def __init__(self, node: str, config: CollectorsConfig,
                  cgroups: CgroupCollector | None) -> None:
@@ -73,3 +84,8 @@ class KernelLatencyCollector:
         self.ebpf.close()
         if self._owns_cgroups:
             self._cgroups.close()
+
+
+@hookimpl
+def sloguard_collectors() -> list[type]:
+    return [KernelLatencyCollector]

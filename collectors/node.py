@@ -20,6 +20,8 @@ import re
 import time
 from collections.abc import Callable
 
+from sloguard.collectors.base import CollectorBase, CollectorContext
+from sloguard.collectors.hookspecs import hookimpl
 from sloguard.core.health import ComponentStatus
 from sloguard.core.samples import FieldValue, Sample
 
@@ -74,7 +76,7 @@ def _compile(spec: FilterSpec) -> re.Pattern[str] | None:
     return re.compile(spec)
 
 
-class NodeCollector:
+class NodeCollector(CollectorBase):
     """Collector of node-wide CPU, load, memory, PSI, disk, network and TCP figures.
 
     `disk_filter` and `net_filter` are exclusion patterns (`re.search`): a device or interface
@@ -84,6 +86,11 @@ class NodeCollector:
     """
 
     name = "node"
+
+    @classmethod
+    def create(cls, ctx: CollectorContext) -> NodeCollector | None:
+        cfg = ctx.section(cls.name)
+        return cls(ctx.node, proc_root=cfg.proc_root) if cfg.enabled else None
 
     def __init__(
         self,
@@ -463,3 +470,8 @@ class NodeCollector:
         if isinstance(exc, OSError):
             return f"cannot read {path}: {exc.strerror or exc}"
         return f"cannot parse {path}: {type(exc).__name__}: {exc}"
+
+
+@hookimpl
+def sloguard_collectors() -> list[type]:
+    return [NodeCollector]

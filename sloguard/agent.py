@@ -22,7 +22,9 @@ from sloguard.actuators.kinds import StepFactory
 from sloguard.actuators.ladder import Ladder
 from sloguard.actuators.ledger import Ledger
 from sloguard.actuators.policy import PolicySet
+from sloguard.collectors.base import CollectorContext
 from sloguard.collectors.cgroups import CgroupCollector
+from sloguard.collectors.registry import CollectorPlugins
 from sloguard.core import failpoints
 from sloguard.core.clock import SYSTEM, Clock
 from sloguard.core.health import ComponentStatus
@@ -34,7 +36,7 @@ from sloguard.detector.engine import AGENT_GROUP, Engine
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import RuleSet
-from sloguard.settings import Settings, app_latency_wanted
+from sloguard.settings import Settings
 from sloguard.store import StoreError
 from sloguard.store.factory import open_configured_store
 from sloguard.store.incidents_db import IncidentStore
@@ -65,34 +67,13 @@ class Agent:
         self._kube_error = ""
         if settings.kubernetes.enabled:
             self._start_kubernetes()
-        self.collectors: list[Any] = []
-        self.cgroups: CgroupCollector | None = None
-        cfg = settings.collectors
-        if cfg.node.enabled:
-            from sloguard.collectors.node import NodeCollector
-
-            self.collectors.append(NodeCollector(self.node, proc_root=cfg.node.proc_root))
-        if cfg.cgroups.enabled:
-            lookup = self.pods.get if self.pods is not None else None
-            self.cgroups = CgroupCollector(self.node, cfg.cgroups, pod_lookup=lookup)
-            self.collectors.append(self.cgroups)
-        if cfg.ebpf.enabled or cfg.ebpf.fallback:  # eBPF latencies, or their procfs fallback
-            from sloguard.collectors.kernel_latency import KernelLatencyCollector
-
-            self.collectors.append(KernelLatencyCollector(self.node, cfg, self.cgroups))
-        if cfg.cpi.enabled:
-            from sloguard.collectors.cpi import CpiCollector
-
-            self.collectors.append(CpiCollector(self.node, self.cgroups))
-        self.app_latency: Any = None  # issue #6: the LS services' own latency
-        if app_latency_wanted(settings):
-            from sloguard.collectors.app_latency import AppLatencyCollector
-
-            self.app_latency = AppLatencyCollector(
-                self.node, settings.app_latency, settings.slos, pods=self.pods,
-                class_label=cfg.cgroups.class_label, registry=self.registry,
-                trusted_namespaces=cfg.cgroups.trusted_namespaces)
-            self.collectors.append(self.app_latency)
+        # every collector the config asks for, built-ins first (collectors/registry.py)
+        self.collector_plugins = CollectorPlugins()
+        self.collectors, self._build_errors = self.collector_plugins.build(CollectorContext(
+            self.node, settings, pods=self.pods, metrics=self.registry))
+        built = {collector.name: collector for collector in self.collectors}
+        self.cgroups: CgroupCollector | None = built.get("cgroups")
+        self.app_latency: Any = built.get("app_latency")  # the UI's receiver pushes into it
         self._collector_errors: dict[str, str] = {}
         self.detectors = DetectorRegistry.from_config(settings.detectors)
         self.rules = RuleSet(list(settings.rules.paths), validate_params=self.detectors.check)
@@ -237,8 +218,7 @@ class Agent:
 
     def start(self) -> None:
         for collector in self.collectors:  # loading eBPF programs happens here, not in __init__
-            if hasattr(collector, "start"):
-                collector.start()
+            collector.start()
         self._reload_rules()
         if self.pods is not None:
             self.pods.start()
@@ -282,11 +262,8 @@ class Agent:
             self._thread.join(timeout=30)
         if self.pods is not None:
             self.pods.stop()
-        if self.app_latency is not None:
-            self.app_latency.stop()
-        for collector in self.collectors:  # detaches eBPF programs, closes held files
-            if hasattr(collector, "close"):
-                collector.close()
+        for collector in self.collectors:  # detaches eBPF programs, closes held files, joins
+            collector.close()
         self._flush()
         if self._buffer:
             log.error("exiting with %d samples unwritten: %s", len(self._buffer),
@@ -543,6 +520,13 @@ class Agent:
                 status.ok, status.reason = False, error
             self._thread_fields(status)
             out.append(status)
+        for name, error in self._build_errors.items():
+            out.append(ComponentStatus(name, ok=False, reason=error[:2000]))
+        if self.collector_plugins.errors:
+            out.append(ComponentStatus(
+                "collector-plugins", ok=False,
+                reason="; ".join(self.collector_plugins.errors.values())[:2000],
+                details={"available": self.collector_plugins.names()}))
         store = self.store.status()
         if self._store_error:
             store.ok, store.reason = False, self._store_error

@@ -99,16 +99,6 @@ class Settings(BaseSettings):
 
 
 
-def app_latency_wanted(settings: Settings) -> bool:
-    """Whether the application-latency collector has anything to do (it costs a thread and the
-    HTTP client's memory otherwise)."""
-    app = settings.app_latency
-    return app.enabled and bool(
-        app.targets or app.probes or app.receive.enabled or settings.slos
-        or (settings.kubernetes.enabled and app.pods.enabled))
-
-
-
 def load_settings(
     config_file: Path | None = None, cli_overrides: dict[str, tuple[str, Any]] | None = None
 ) -> LoadedSettings:

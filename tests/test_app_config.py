@@ -7,9 +7,10 @@ import subprocess
 
 import pytest
 
+from sloguard.collectors.app_latency import app_latency_wanted
 from sloguard.core.config import ConfigError
 from sloguard.core.percentiles import parse_percentile
-from sloguard.settings import app_latency_wanted, load_settings
+from sloguard.settings import load_settings
 
 GOOD = """\
 app_latency:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-V1_CONTROLLERS = ("cpu", "cpuacct", "memory", "cpuset", "blkio")
+V1_CONTROLLERS = ("cpu", "cpuacct", "memory", "cpuset", "blkio", "freezer")
 
 
 @dataclass(frozen=True)

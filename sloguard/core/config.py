@@ -226,6 +226,8 @@ class LoadedSettings:
             if isinstance(value, BaseModel):
                 for name, info in type(value).model_fields.items():
                     walk(getattr(value, name), (*path, info.alias or name))
+                for name, extra in (value.model_extra or {}).items():  # a plugin's section
+                    walk(extra, (*path, name))
             else:
                 if isinstance(value, list):
                     value = [v.model_dump(by_alias=True) if isinstance(v, BaseModel) else v
@@ -293,8 +295,10 @@ def _describe(exc: ValidationError, loaded: LoadedSettings) -> str:
         path = tuple(str(part) for part in error["loc"])
         message = error["msg"].removeprefix("Value error, ")
         given = error.get("input")
-        cross = re.match(r"^([a-z_][a-z0-9_.]*): (.*)$", message, re.S) if not path else None
-        if cross:  # a check across fields names the field to fix first
+        cross = re.match(r"^([a-z_][a-z0-9_.]*): (.*)$", message, re.S)
+        if cross and tuple(cross.group(1).split("."))[:len(path)] != path:
+            cross = None  # only a field at or below the one the check ran on
+        if cross:  # a check across fields (or of a plugin's section) names the field to fix
             path, message, given = tuple(cross.group(1).split(".")), cross.group(2), None
         field = ".".join(path) or "(top level)"
         where = loaded.source_of(path, nearest=True)

@@ -1,12 +1,12 @@
 """One way in for every extension point: detectors, steps (levers) and collectors.
 
 Each extension point is a pluggy hook that returns classes, each with a unique name (its `name`
-attribute, `kind` for steps: what rule files, policies and the config write). Its built-ins are plugin modules registered by name in
-code, as pytest registers its own plugins, so they exist whatever the install metadata says;
-third parties come through the extension point's entry-point group; the config may name extra
-plugin modules. A plugin that fails to import, or whose hook raises, is reported by name and
-skipped: one broken plugin must not disarm the others, and a name it would have provided says
-why it is missing.
+attribute, `kind` for steps: what rule files, policies and the config write). Its built-ins are
+plugin modules registered by name in code, as pytest registers its own plugins, so they exist
+whatever the install metadata says; third parties come through the extension point's
+entry-point group; the config may name extra plugin modules. A plugin that fails to import, or
+whose hook raises, is reported by name and skipped: one broken plugin must not disarm the
+others, and a name it would have provided says why it is missing.
 
     extension point   hook                  entry-point group      contract
     detectors         sloguard_detectors    sloguard.detectors     sloguard.detector.api
