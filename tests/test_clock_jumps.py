@@ -13,6 +13,7 @@ from __future__ import annotations
 from support.slack_server import SlackServer
 
 from sloguard.agent import Agent
+from sloguard.collectors.base import CollectorBase
 from sloguard.core.health import ComponentStatus
 from sloguard.core.incidents import FIRING, RESOLVED
 from sloguard.core.samples import Sample
@@ -52,7 +53,7 @@ class SteppedClock:
         return self.mono
 
 
-class Feed:
+class Feed(CollectorBase):
     """A collector whose one LS series the test sets."""
 
     name = "feed"

@@ -17,6 +17,7 @@ from prometheus_client import generate_latest
 from test_agent_e2e import RULES, AgentProcess
 
 from sloguard.agent import Agent
+from sloguard.collectors.base import CollectorBase
 from sloguard.core.health import ComponentStatus
 from sloguard.core.samples import Sample
 from sloguard.settings import load_settings
@@ -42,8 +43,14 @@ class Recording:
     def status(self) -> ComponentStatus:
         return self.inner.status()
 
+    def start(self) -> None:
+        self.inner.start()
 
-class Sequence:
+    def close(self) -> None:
+        self.inner.close()
+
+
+class Sequence(CollectorBase):
     """A counter per tick, so that a gap or a reordering is visible at a glance."""
 
     name = "sequence"
