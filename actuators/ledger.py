@@ -9,7 +9,8 @@ Write-ahead: before a step changes anything it records an *intent* (what it is a
 and the values from before), durably; the rung's record, its audit entry and the removal of
 the intent are then written in one transaction. An intent left over is a step the agent died
 in (or could not record): the ladder reconciles it before anything else (actuators/ladder.py,
-`_reconcile`). Every write here passes a failpoint (sloguard/failpoints.py) for the crash sweep.
+`_reconcile`). Every write here passes a failpoint (sloguard/core/failpoints.py) for the
+crash sweep.
 """
 
 from __future__ import annotations

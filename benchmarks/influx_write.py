@@ -12,8 +12,8 @@ Issue #4 asks for two figures:
    park the excess in its spool, as it does for an agent the server cannot keep up with).
 2. the latency to read 5 minutes of one series into pandas through InfluxQL, next to the
    embedded SQLite store reading the same window from the same samples;
-3. and, for the README's cardinality figures, what one series of container tags costs the
-   server (RSS of influxd, bytes on disk) when many containers have come and gone.
+3. and, for the cardinality figures of docs/performance.md, what one series of container tags
+   costs the server (RSS of influxd, bytes on disk) when many containers have come and gone.
 
 Both run against Debian's InfluxDB 1.6.7 (the only InfluxDB installable here), started on
 loopback by the test support code, with a fresh database per run so that no run overwrites

@@ -430,7 +430,7 @@ def lab(
                            f"BE {stats.be_ops_per_s:9.0f} bogo-ops/s")
 
 
-# The project's best general detector on NAB, with its own defaults (see README, "NAB").
+# The project's best general detector on NAB, with its own defaults (docs/plugins.md, "NAB").
 DEFAULT_NAB_DETECTOR = "anomaly_likelihood"
 
 

@@ -1,8 +1,8 @@
 """The embedded sample store: SQLite in WAL mode, in the agent's data directory.
 
-Chosen over DuckDB after measuring both here (benchmarks/store_choice.py, figures in the
-README): DuckDB added ~57 MB RSS and locks its file against other processes; this layout
-inserted faster than the DuckDB store did. Each measurement has its own table with one column
+Chosen over DuckDB after measuring both here (benchmarks/store_choice.py, figures in
+docs/performance.md): DuckDB added ~57 MB RSS and locks its file against other processes; this
+layout inserted faster than the DuckDB store did. Each measurement has its own table with one column
 per field (added as fields appear), so a tick of 100 cgroups is ~500 rows, not ~3,600
 single-value rows, and a window read returns the wide frame directly. WAL lets readers (the UI,
 another process) read while the agent's loop writes.

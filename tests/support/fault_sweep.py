@@ -1,5 +1,5 @@
 """The crash sweep: a whole episode of the real agent process, killed (SIGKILL) at each write
-point in turn (sloguard/failpoints.py), restarted, and checked.
+point in turn (sloguard/core/failpoints.py), restarted, and checked.
 
 One episode: an LS cgroup gets busy, the rule fires, the policy climbs (SCHED_IDLE on the BE
 cgroup, cordon, reduce the node's BE capacity, evict one BE pod), the load stops, the rung are
