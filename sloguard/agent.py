@@ -314,6 +314,36 @@ class Agent:
 
     # -- one tick ------------------------------------------------------------------------
 
+    # -- what the web UI/API reads (ui/view.py) ------------------------------------------
+
+    cluster = False
+
+    def rules_view(self) -> tuple[list[tuple[Any, Any]], dict[str, str]]:
+        status = self.engine.status
+        return [(rule, status.get(rule.key)) for rule in self.rules.rules], dict(self.rules.errors)
+
+    def policies_view(self) -> tuple[list[Any], dict[str, str], dict[str, str]]:
+        loaded = [p for p in (self.policies.get(n) for n in self.policies.names) if p]
+        return loaded, dict(self.policies.errors), dict(self.ladder.errors)
+
+    def change_incident(self, incident_id: str, what: str, author: str,
+                        comment: str) -> Incident:
+        """Acknowledge or resolve by hand, on the loop thread (the engine is the loop's)."""
+        act = self.engine.acknowledge if what == "ack" else self.engine.resolve_by_hand
+        return self.call_on_loop(lambda: act(incident_id, author, comment, time.time_ns()))
+
+    def workloads(self) -> list[dict[str, Any]]:
+        return self.cgroups.workloads() if self.cgroups is not None else []
+
+    def app_targets(self) -> list[dict[str, Any]]:
+        return self.app_latency.target_status() if self.app_latency is not None else []
+
+    def receiver(self) -> Any:
+        return self.app_latency
+
+    def ingest_router(self) -> None:
+        return None
+
     def call_on_loop(self, work: Any, timeout_s: float = 10.0) -> Any:
         """Run `work()` on the agent's loop thread between ticks (the engine and the ladder
         are the loop's alone), and return its result or raise its exception. Before the loop

@@ -14,7 +14,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,28 +30,6 @@ from sloguard.store.incidents_db import IncidentStore
 log = logging.getLogger(__name__)
 CLUSTER = "cluster"
 NOT_HERE = "this is the cluster view: acknowledge and resolve on the node's agent"
-
-
-@dataclass
-class _NoRules:
-    rules: list[Any] = field(default_factory=list)
-    errors: dict[str, str] = field(default_factory=dict)
-    paths: list[str] = field(default_factory=list)
-    names: list[str] = field(default_factory=list)
-
-    def get(self, name: str) -> None:
-        return None
-
-
-class _NoEngine:
-    def __init__(self) -> None:
-        self.status: dict[str, Any] = {}
-        self.errors: dict[str, str] = {}
-
-    def acknowledge(self, incident_id: str, *_: Any) -> Incident:
-        raise ValueError(NOT_HERE)
-
-    resolve_by_hand = acknowledge
 
 
 class ClusterServer:
@@ -72,10 +49,8 @@ class ClusterServer:
         self.nodes_file = data_dir / "nodes.json"
         self.nodes: dict[str, dict[str, Any]] = self._load_nodes()
         self._lock = threading.Lock()
-        self.rules = self.policies = _NoRules()
-        self.engine = self.ladder = _NoEngine()
         self.store = None  # no samples here
-        self.cgroups = self.app_latency = self.silences = None
+        self.silences = None  # silences mute each node's own alerting: made on the node
         self.ticks = 0
         metrics = AgentMetrics(self.registry)
         metrics.gauge_callback("sloguard_incidents", "Incidents by state (all nodes)", "state",
@@ -139,8 +114,28 @@ class ClusterServer:
 
     # -- what the UI reads -------------------------------------------------------------------
 
-    def call_on_loop(self, work: Any, timeout_s: float = 10.0) -> Any:
-        return work()
+    # The cluster view runs no rules and takes no actions (ui/view.py).
+
+    def rules_view(self) -> tuple[list[tuple[Any, Any]], dict[str, str]]:
+        return [], {}
+
+    def policies_view(self) -> tuple[list[Any], dict[str, str], dict[str, str]]:
+        return [], {}, {}
+
+    def change_incident(self, incident_id: str, what: str, author: str,
+                        comment: str) -> Incident:
+        if self.incidents.get(incident_id) is None:
+            raise KeyError(incident_id)
+        raise ValueError(NOT_HERE)
+
+    def workloads(self) -> list[dict[str, Any]]:
+        return []
+
+    def app_targets(self) -> list[dict[str, Any]]:
+        return []
+
+    def receiver(self) -> Any:
+        return None
 
     def components(self) -> list[ComponentStatus]:
         now = time.time_ns()

@@ -30,6 +30,7 @@ from sloguard import __version__
 from sloguard.core.incidents import SEVERITIES, STATES
 from sloguard.ui.auth import SESSION_COOKIE, Auth, client_of
 from sloguard.ui.pages import add_pages
+from sloguard.ui.view import NodeView
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 STATIC = Path(__file__).parent / "static"
@@ -47,12 +48,10 @@ class ChangeBody(BaseModel):
     comment: str = Field("", max_length=2000)
 
 
-def _change(agent: Any, incident_id: str, what: str, author: str,
+def _change(view: NodeView, incident_id: str, what: str, author: str,
             comment: str) -> dict[str, Any]:
-    engine = agent.engine
-    act = engine.acknowledge if what == "ack" else engine.resolve_by_hand
     try:
-        incident = agent.call_on_loop(lambda: act(incident_id, author, comment, time.time_ns()))
+        incident = view.change_incident(incident_id, what, author, comment)
     except KeyError:
         raise HTTPException(404, "no such incident") from None
     except ValueError as exc:
@@ -74,8 +73,9 @@ def _when(ns: int | None) -> str:
 TEMPLATES.env.filters["when"] = _when
 
 
-def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
-    """The app for one agent; with `manage_lifecycle` the app starts and stops the agent."""
+def create_app(agent: NodeView, manage_lifecycle: bool = True) -> FastAPI:
+    """The app for one agent (or the cluster server: ui/view.py is all it uses of either);
+    with `manage_lifecycle` the app starts and stops it."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -91,7 +91,7 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     auth = Auth(agent.settings)
     app.state.auth = auth
-    app_latency = getattr(agent, "app_latency", None)
+    app_latency = agent.receiver()
     own_auth: frozenset[str] = frozenset()  # paths that check a token of their own
     if app_latency is not None and agent.settings.app_latency.receive.enabled:
         from sloguard.ui.receive import RECEIVE_PATHS, receive_router
@@ -99,9 +99,9 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
         app.include_router(receive_router(app_latency, agent.settings.app_latency.receive,
                                           agent.node))
         own_auth = RECEIVE_PATHS
-    ingest_router = getattr(agent, "ingest_router", None)  # the cluster server's
-    if ingest_router is not None:
-        router, paths = ingest_router()
+    ingest = agent.ingest_router()  # the cluster server's
+    if ingest is not None:
+        router, paths = ingest
         app.include_router(router)
         own_auth = own_auth | paths
 
@@ -188,8 +188,8 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
     @app.get("/api/rules", tags=["rules"])
     def rules() -> dict[str, Any]:
         rules = []
-        for r in agent.rules.rules:
-            status = agent.engine.status.get(r.key)
+        loaded, file_errors = agent.rules_view()
+        for r, status in loaded:
             rules.append({
                 "key": r.key, "source": r.source, "spec": r.spec.model_dump(by_alias=True),
                 "last_eval_ns": status.last_eval_ns if status else None,
@@ -197,7 +197,7 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
             })
         return {
             "rules": rules,
-            "file_errors": agent.rules.errors,
+            "file_errors": file_errors,
         }
 
     @app.get("/api/incidents/{incident_id}/series", tags=["incidents"], responses=NOT_FOUND)
@@ -284,13 +284,13 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
     @app.get("/api/policies", tags=["actions"])
     def policies() -> dict[str, Any]:
         """Loaded escalation policies, the rungs in force on this node, and what works here."""
+        loaded, file_errors, errors = agent.policies_view()
         return {
             "dry_run": agent.settings.actuators.dry_run,
             "policies": [{"name": p.name, "source": p.source,
-                          "spec": p.spec.model_dump(exclude_defaults=False)}
-                         for p in (agent.policies.get(n) for n in agent.policies.names) if p],
-            "file_errors": agent.policies.errors,
-            "errors": agent.ladder.errors,
+                          "spec": p.spec.model_dump(exclude_defaults=False)} for p in loaded],
+            "file_errors": file_errors,
+            "errors": errors,
             "in_force": [vars(r) for r in agent.ledger.rungs()],
             "levers": {kind: {"tried": tried, "worked": worked}
                        for kind, (tried, worked) in agent.ledger.lever_stats().items()},
@@ -298,7 +298,7 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
 
     from sloguard.ui.silences import silences_router
 
-    if getattr(agent, "silences", None) is not None:
+    if agent.silences is not None:
         app.include_router(silences_router(agent, auth))
     else:  # the cluster server: silences mute each node's own alerting
         @app.get("/silences", response_class=HTMLResponse, include_in_schema=False)
@@ -322,7 +322,7 @@ def create_app(agent: Any, manage_lifecycle: bool = True) -> FastAPI:
             "i": incident, "node": agent.node, "version": __version__, "page": "incidents",
             "audit": list(reversed(audit)), "timeline": timeline,
             "changes": auth._token() is not None,
-            "cluster": getattr(agent, "cluster", False),
+            "cluster": agent.cluster,
             "csrf": auth.csrf(auth.session(request)),
         })
 

@@ -16,11 +16,12 @@ from fastapi.responses import HTMLResponse, Response
 
 from sloguard import __version__
 from sloguard.core.incidents import SEVERITIES, STATES
+from sloguard.ui.view import NodeView
 
 WINDOWS = {"": None, "1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400}
 
 
-def add_pages(app: FastAPI, agent: Any, templates: Any) -> None:
+def add_pages(app: FastAPI, agent: NodeView, templates: Any) -> None:
     def render(request: Request, name: str, page: str, **context: Any) -> Response:
         return templates.TemplateResponse(request, name, {
             "node": agent.node, "version": __version__, "page": page, **context})
@@ -53,10 +54,10 @@ def add_pages(app: FastAPI, agent: Any, templates: Any) -> None:
 
     @app.get("/rules", response_class=HTMLResponse, include_in_schema=False)
     def rules_page(request: Request) -> Response:
-        rules = [{"key": r.key, "source": r.source, "spec": r.spec,
-                  "status": agent.engine.status.get(r.key)} for r in agent.rules.rules]
-        return render(request, "rules.html", "rules", rules=rules,
-                      file_errors=agent.rules.errors)
+        loaded, file_errors = agent.rules_view()
+        rules = [{"key": r.key, "source": r.source, "spec": r.spec, "status": status}
+                 for r, status in loaded]
+        return render(request, "rules.html", "rules", rules=rules, file_errors=file_errors)
 
     @app.get("/actions", response_class=HTMLResponse, include_in_schema=False)
     def actions_page(request: Request) -> Response:
@@ -67,15 +68,14 @@ def add_pages(app: FastAPI, agent: Any, templates: Any) -> None:
 
     @app.get("/node", response_class=HTMLResponse, include_in_schema=False)
     def node_page(request: Request) -> Response:
-        workloads = agent.cgroups.workloads() if agent.cgroups is not None else []
+        workloads = agent.workloads()
         workloads.sort(key=lambda w: (w.get("class", ""), w.get("pod") or w.get("workload", "")))
-        app_latency = getattr(agent, "app_latency", None)
-        now = latest_signals(agent.store, time.time_ns())
+        now = latest_signals(agent.store, time.time_ns()) if agent.store is not None else {}
         for w in workloads:
             w.update({f"now_{k}": v for k, v in now.get(w.get("cgroup", ""), {}).items()})
         return render(request, "node.html", "node", components=agent.components(),
                       workloads=workloads,
-                      targets=app_latency.target_status() if app_latency is not None else [])
+                      targets=agent.app_targets())
 
 
 # what the node page shows for each workload now: (measurement, field, extra tag) -> column

@@ -50,10 +50,9 @@ class Extensions:
         if use_entry_points:
             for name in (group, *legacy_groups):
                 for ep in entry_points(group=name):
-                    if name != group:
-                        log.warning("%s plugin %s: the entry-point group %s is deprecated, "
-                                    "use %s", what, ep.name, name, group)
-                    self._register(f"entry point {ep.name} ({ep.value})", ep.load, ep.name)
+                    legacy = name if name != group else ""
+                    self._register(f"entry point {ep.name} ({ep.value})", ep.load, ep.name,
+                                   legacy)
         for module in modules:
             self._register(f"module {module}", lambda m=module: importlib.import_module(m),
                            module)
@@ -80,11 +79,15 @@ class Extensions:
                     self.types[name] = item
                     self.providers[name] = provider
 
-    def _register(self, source: str, load: Callable[[], Any], name: str | None) -> None:
+    def _register(self, source: str, load: Callable[[], Any], name: str | None,
+                  legacy_group: str = "") -> None:
         try:
             plugin = load()
             if self.manager.is_registered(plugin):
-                return
+                return  # a built-in an older install still lists as an entry point
+            if legacy_group:
+                log.warning("%s plugin %s: the entry-point group %s is deprecated, use %s",
+                            self.what, name, legacy_group, self.group)
             self.manager.register(plugin, name=name)
         except Exception as exc:  # a broken plugin is reported, the others still load
             self.errors[name or source] = f"{source}: {exc.__class__.__name__}: {exc}"
