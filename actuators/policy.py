@@ -42,6 +42,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sloguard.core.config import Duration
+from sloguard.core.watched import WatchedFiles
 from sloguard.core.yamlfile import YamlFileError, load_model, nearest
 
 SUPPRESS = "suppress"
@@ -205,100 +206,15 @@ def load_policy_file(path: Path, validate_step: Any = None) -> list[Policy]:
     return policies
 
 
-class PolicySet:
-    """The active policies, reloaded per file; a broken file keeps its last good policies.
-
-    `reload` runs on the agent's loop; readers on other threads (the API, /readyz) get
-    immutable snapshots through `get`, `names` and `errors`, as with RuleSet.
-    """
+class PolicySet(WatchedFiles[Policy]):
+    """The active escalation policies, reloaded per file, with the semantics rule files have
+    (sloguard/core/watched.py): a broken file keeps its last good policies."""
 
     def __init__(self, paths: list[str], validate_step: Any = None) -> None:
-        self.paths = paths
         self.validate_step = validate_step
-        self.by_file: dict[str, list[Policy]] = {}
-        self._file_errors: dict[str, str] = {}
-        self._mtimes: dict[str, float] = {}
-        self._active: tuple[Policy, ...] = ()
-        self._errors: dict[str, str] = {}
-        self._unlisted: set[str] = set()  # configured paths that could not be listed
-
-    @property
-    def errors(self) -> dict[str, str]:
-        return dict(self._errors)
-
-    def files(self) -> list[Path]:
-        found: list[Path] = []
-        for entry in self.paths:
-            path = Path(entry)
-            try:
-                if path.is_dir():
-                    found.extend(sorted(p for p in path.iterdir()
-                                        if p.suffix in (".yaml", ".yml") and p.is_file()))
-                elif path.exists():
-                    found.append(path)
-            except OSError as exc:  # listed next time; its policies stay meanwhile
-                self._file_errors[entry] = f"{entry}: cannot list: {exc.strerror}"
-                self._unlisted.add(entry)
-            else:
-                self._file_errors.pop(entry, None)
-                self._unlisted.discard(entry)
-        return found
-
-    def reload(self) -> bool:
-        """Load changed files; True when every file loaded cleanly."""
-        present = set()
-        for path in self.files():
-            key = str(path)
-            present.add(key)
-            try:
-                mtime = path.stat().st_mtime
-            except OSError:
-                continue
-            if self._mtimes.get(key) == mtime:
-                continue
-            self._mtimes[key] = mtime
-            try:
-                self.by_file[key] = load_policy_file(path, self.validate_step)
-                self._file_errors.pop(key, None)
-            except PolicyFileError as exc:
-                self._file_errors[key] = str(exc)
-
-        def gone(key: str) -> bool:  # removed from a directory that is still there
-            if key in present or any(key == u or key.startswith(u.rstrip("/") + "/")
-                                     for u in self._unlisted):
-                return False
-            try:
-                return Path(key).parent.exists()
-            except OSError:
-                return False
-
-        for key in list(self.by_file):
-            if gone(key):
-                del self.by_file[key]
-        for key in list(self._mtimes):
-            if gone(key):
-                del self._mtimes[key]
-                self._file_errors.pop(key, None)  # a broken file removed: nothing is wrong
-        duplicates = self._duplicates()
-        if duplicates:
-            self._file_errors["(all files)"] = duplicates
-        else:
-            self._file_errors.pop("(all files)", None)
-        self._active = tuple(p for policies in self.by_file.values() for p in policies)
-        self._errors = dict(self._file_errors)
-        return not self._errors
-
-    def _duplicates(self) -> str:
-        seen: dict[str, str] = {}
-        problems = []
-        for policies in self.by_file.values():
-            for policy in policies:
-                if policy.name in seen:
-                    problems.append(f"{policy.source}: policy {policy.name} is also defined at "
-                                    f"{seen[policy.name]}; the first one is used")
-                else:
-                    seen[policy.name] = policy.source
-        return "\n".join(problems)
+        super().__init__("policy", paths, lambda path: load_policy_file(path, validate_step),
+                         key=lambda policy: policy.name, source=lambda policy: policy.source,
+                         load_errors=(PolicyFileError,))
 
     def get(self, name: str) -> Policy | None:
         for policy in self._active:

@@ -39,6 +39,7 @@ from pydantic import (
 
 from sloguard.core.config import Duration
 from sloguard.core.selectors import Selector, parse_selector
+from sloguard.core.watched import WatchedFiles
 from sloguard.core.yamlfile import YamlFileError, load_model, nearest
 from sloguard.store import check_aggregation
 
@@ -204,99 +205,18 @@ def load_rule_file(path: Path, validate_params: Any = None) -> list[LoadedRule]:
     return rules
 
 
-class RuleSet:
-    """The active rules, reloaded per file.
-
-    A file that fails to load keeps its last good rules; so does every file under a configured
-    path that has disappeared (an unmounted ConfigMap), while a file removed from a directory
-    that is still there takes its rules with it. `reload` runs on the agent's loop; readers on
-    other threads get immutable snapshots through `rules` and `errors`.
-    """
+class RuleSet(WatchedFiles[LoadedRule]):
+    """The active rules, reloaded per file (sloguard/core/watched.py has the semantics it shares
+    with the escalation policies: a broken file keeps its last good rules, and so does every
+    file under a configured path that has disappeared; a file removed from a directory that is
+    still there takes its rules with it)."""
 
     def __init__(self, paths: list[str], validate_params: Any = None) -> None:
-        self.paths = paths
         self.validate_params = validate_params
-        self.by_file: dict[str, list[LoadedRule]] = {}
-        self._file_errors: dict[str, str] = {}
-        self._mtimes: dict[str, float] = {}
-        self._active: tuple[LoadedRule, ...] = ()
-        self._errors: dict[str, str] = {}
+        super().__init__("rule", paths, lambda path: load_rule_file(path, validate_params),
+                         key=lambda rule: rule.key, source=lambda rule: rule.source,
+                         load_errors=(RuleFileError,))
 
     @property
     def rules(self) -> list[LoadedRule]:
-        return list(self._active)
-
-    @property
-    def errors(self) -> dict[str, str]:
-        return dict(self._errors)
-
-    def files(self) -> tuple[list[Path], dict[str, str], set[str]]:
-        """Rule files found, errors of configured paths, and the paths that could not be read."""
-        found: list[Path] = []
-        errors: dict[str, str] = {}
-        unreadable: set[str] = set()
-        for entry in self.paths:
-            path = Path(entry)
-            try:
-                if path.is_dir():
-                    found.extend(sorted(p for p in path.iterdir()
-                                        if p.suffix in (".yaml", ".yml") and p.is_file()))
-                elif path.exists():
-                    found.append(path)
-                else:
-                    errors[entry] = f"{entry}: does not exist; keeping the rules loaded from it"
-                    unreadable.add(entry)
-            except OSError as exc:
-                errors[entry] = f"{entry}: cannot list: {exc.strerror}; keeping its rules"
-                unreadable.add(entry)
-        return found, errors, unreadable
-
-    def reload(self) -> bool:
-        """Load changed files; return True when the active rules changed."""
-        changed = False
-        found, path_errors, unreadable = self.files()
-        current = {str(p): p for p in found}
-        for name in list(self.by_file):
-            kept = any(name == u or name.startswith(u.rstrip("/") + "/") for u in unreadable)
-            if name not in current and not kept:
-                del self.by_file[name]
-                self._mtimes.pop(name, None)
-                self._file_errors.pop(name, None)
-                changed = True
-        for name in list(self._file_errors):
-            if name not in current and name not in self.by_file:
-                del self._file_errors[name]
-        for name, path in current.items():
-            try:
-                mtime = path.stat().st_mtime
-            except OSError as exc:
-                self._file_errors[name] = f"{name}: cannot read: {exc.strerror}"
-                continue
-            if self._mtimes.get(name) == mtime:
-                continue
-            self._mtimes[name] = mtime
-            try:
-                rules = load_rule_file(path, self.validate_params)
-            except RuleFileError as exc:
-                self._file_errors[name] = str(exc)
-                kept = len(self.by_file.get(name, []))
-                log.error("rule file rejected, keeping its %d previous rules:\n%s", kept, exc)
-                continue
-            self._file_errors.pop(name, None)
-            self.by_file[name] = rules
-            changed = True
-            log.info("loaded %d rules from %s", len(rules), name)
-        active: list[LoadedRule] = []
-        errors = {**path_errors, **self._file_errors}
-        seen: dict[str, str] = {}
-        for name in sorted(self.by_file):
-            for rule in self.by_file[name]:
-                if rule.key in seen:
-                    errors[name] = (f"{rule.source}: rule {rule.key} is already defined at "
-                                    f"{seen[rule.key]}; this one is ignored")
-                    continue
-                seen[rule.key] = rule.source
-                active.append(rule)
-        self._active = tuple(active)
-        self._errors = errors
-        return changed
+        return self.items

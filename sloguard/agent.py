@@ -436,7 +436,7 @@ class Agent:
 
     def _reload_rules(self) -> None:
         self.policies.reload()
-        changed = self.rules.reload()
+        changed = self.rules.reload().changed
         self._rules_invalid_event(self.clock.wall_ns())
         if changed or not self.ticks:
             backfilled = self.engine.sync_windows(self.store, self.clock.wall_ns())

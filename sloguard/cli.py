@@ -210,18 +210,24 @@ def policies_check(
 
     settings = _load(config, None, None).settings
     factory = StepFactory(ActuatorEnv(settings.node_name, ledger=None))  # type: ignore[arg-type]
-    failed = False
-    for entry in files:
-        if not entry.exists():
-            typer.echo(f"{entry}: does not exist", err=True)
-            failed = True
-    for path in PolicySet([str(f) for f in files]).files():
+    paths, path_errors, _ = PolicySet([str(f) for f in files]).files()
+    failed = bool(path_errors)
+    for problem in path_errors.values():
+        typer.echo(problem, err=True)
+    seen: dict[str, str] = {}
+    for path in paths:
         try:
             policies = load_policy_file(path, factory.check)
         except PolicyFileError as exc:
             typer.echo(str(exc), err=True)
             failed = True
             continue
+        for policy in policies:
+            if policy.name in seen:
+                typer.echo(f"{policy.source}: policy {policy.name} is already defined at "
+                           f"{seen[policy.name]}", err=True)
+                failed = True
+            seen.setdefault(policy.name, policy.source)
         names = ", ".join(p.name for p in policies)
         typer.echo(f"{path}: {len(policies)} policies ok ({names})")
     if failed:

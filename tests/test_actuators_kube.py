@@ -459,7 +459,7 @@ class _Ladder:
             f"        params: {json.dumps(params)}\n")
         factory = StepFactory(world.env)
         self.policies = PolicySet([str(tmp_path / "policies")], validate_step=factory.check)
-        assert self.policies.reload(), self.policies.errors
+        assert self.policies.reload().ok, self.policies.errors
         self.store = IncidentStore(tmp_path / "incidents.db")
         self.ladder = Ladder(world.node, self.policies, world.env.ledger, factory.make,
                              self.store.save, self.store.get, dry_run=dry_run)
@@ -543,7 +543,7 @@ def test_an_unreachable_api_server_fails_the_steps_for_a_retry(world: World, tmp
         "policies:\n  - name: c\n    steps:\n      - step: cordon\n")
     factory = StepFactory(env)
     policies = PolicySet([str(tmp_path / "p")], validate_step=factory.check)
-    assert policies.reload()
+    assert policies.reload().ok
     store = IncidentStore(tmp_path / "incidents.db")
     ladder = Ladder(world.node, policies, env.ledger, factory.make, store.save, store.get,
                     dry_run=False)
@@ -638,7 +638,7 @@ def test_one_incident_walks_up_the_whole_ladder_and_back_down(world: World, real
     incidents = IncidentStore(tmp_path / "incidents.db")
     factory = StepFactory(world.env)
     policies = PolicySet([str(tmp_path / "policies")], validate_step=factory.check)
-    assert policies.reload(), policies.errors
+    assert policies.reload().ok, policies.errors
     ladder = Ladder(world.node, policies, world.env.ledger, factory.make, incidents.save,
                     incidents.get, inventory=lambda: [dict(w) for w in inventory],
                     dry_run=False, open_incidents=incidents.open_incidents)

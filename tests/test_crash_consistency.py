@@ -86,7 +86,7 @@ class _World:
         env = ActuatorEnv("node-a", self.ledger)
         factory = StepFactory(env)
         self.policies = PolicySet([str(self.policy_file.parent)], validate_step=factory.check)
-        assert self.policies.reload(), self.policies.errors
+        assert self.policies.reload().ok, self.policies.errors
         self.store = IncidentStore(tmp_path / "incidents.db")
         self.make = lambda: Ladder("node-a", self.policies, self.ledger, factory.make,
                                    self.store.save, self.store.get,
@@ -202,7 +202,7 @@ def test_editing_a_policy_mid_episode_keeps_the_undo_of_the_lever_in_force(
     world.tick(0, incident)
     assert world.idle() == "1"
     world.policy_file.write_text(POLICY.format(lever="cpu_quota"))
-    assert world.policies.reload(), world.policies.errors
+    assert world.policies.reload().ok, world.policies.errors
     world.tick(6, incident)  # the repeat is due
     [row] = world.ledger.rungs()
     assert row.kind == "cpu_idle" and row.undo["writes"][0]["old"] == "0"

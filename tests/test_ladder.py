@@ -151,7 +151,7 @@ class Harness:
         env = ActuatorEnv("node-a", self.ledger)
         factory = StepFactory(env, KINDS)
         self.policies = PolicySet([str(self.tmp / "policies")], validate_step=factory.check)
-        assert self.policies.reload(), self.policies.errors
+        assert self.policies.reload().ok, self.policies.errors
         self.ladder = Ladder("node-a", self.policies, self.ledger, factory.make,
                              self.incidents.save, self.incidents.get, dry_run=self.dry_run,
                              open_incidents=self.incidents.open_incidents)
@@ -730,7 +730,7 @@ def test_a_broken_policy_file_keeps_the_previous_policies(tmp_path):
     h = Harness(tmp_path)
     (tmp_path / "policies" / "p.yaml").write_text("policies: [ {name: guard} ]\n")
     os.utime(tmp_path / "policies" / "p.yaml", (1, 1))
-    assert not h.policies.reload()
+    assert not h.policies.reload().ok
     assert h.policies.get("guard") is not None  # still armed
     assert "steps" in next(iter(h.policies.errors.values()))
 
@@ -873,7 +873,7 @@ def test_policies_can_be_read_from_other_threads_while_files_change(tmp_path):
             f"policies:\n  - name: g{i}\n    steps:\n      - step: mark\n")
     factory = StepFactory(ActuatorEnv("n", Ledger(tmp_path / "l.db")), KINDS)
     policies = PolicySet([str(directory)], validate_step=factory.check)
-    assert policies.reload()
+    assert policies.reload().ok
     stop = threading.Event()
 
     def churn() -> None:
@@ -914,9 +914,9 @@ def test_removing_a_broken_policy_file_clears_its_error(tmp_path):
     h = Harness(tmp_path)
     broken = tmp_path / "policies" / "broken.yaml"
     broken.write_text("policies: [ {name: other} ]\n")
-    assert not h.policies.reload() and str(broken) in h.policies.errors
+    assert not h.policies.reload().ok and str(broken) in h.policies.errors
     broken.unlink()
-    assert h.policies.reload(), h.policies.errors  # nothing is wrong any more
+    assert h.policies.reload().ok, h.policies.errors  # nothing is wrong any more
     assert h.policies.errors == {} and h.policies.get("guard") is not None
 
 

@@ -36,7 +36,7 @@ def _world(tmp_path, policy: str) -> tuple[Ledger, IncidentStore, Ladder, Incide
     ledger = Ledger(tmp_path / "actuators.db")
     factory = StepFactory(ActuatorEnv("node-a", ledger))
     policies = PolicySet([str(tmp_path / "p")], validate_step=factory.check)
-    assert policies.reload(), policies.errors
+    assert policies.reload().ok, policies.errors
     store = IncidentStore(tmp_path / "incidents.db")
     ladder = Ladder("node-a", policies, ledger, factory.make, store.save, store.get,
                     dry_run=False, open_incidents=store.open_incidents)

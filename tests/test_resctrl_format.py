@@ -62,7 +62,7 @@ def test_the_ladder_skips_it_with_that_reason_and_changes_nothing(tmp_path):
     env = make_env(tmp_path)
     factory = StepFactory(env)
     policies = PolicySet([str(tmp_path / "policies")], validate_step=factory.check)
-    assert policies.reload(), policies.errors
+    assert policies.reload().ok, policies.errors
     incidents = IncidentStore(tmp_path / "incidents.db")
     ladder = Ladder("node-a", policies, env.ledger, factory.make, incidents.save, incidents.get,
                     dry_run=False)

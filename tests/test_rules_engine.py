@@ -83,15 +83,15 @@ def test_broken_file_keeps_previous_rules(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(RULES)
     rules = RuleSet([str(tmp_path)])
-    assert rules.reload() and [r.key for r in rules.rules] == ["ls/LSSlow"]
+    assert rules.reload().changed and [r.key for r in rules.rules] == ["ls/LSSlow"]
     path.write_text("groups: [ {name: x, rules: [ {alert: A} ] } ]\n")
     os.utime(path, (1, 1))  # a new mtime even within the same second
-    assert not rules.reload()
+    assert not rules.reload().changed
     assert [r.key for r in rules.rules] == ["ls/LSSlow"]  # still armed
     assert "expr" in rules.errors[str(path)] and f"{path}:1:" in rules.errors[str(path)]
     path.write_text(RULES.replace("LSSlow", "LSSlower"))
     os.utime(path, (2, 2))
-    assert rules.reload() and [r.key for r in rules.rules] == ["ls/LSSlower"]
+    assert rules.reload().changed and [r.key for r in rules.rules] == ["ls/LSSlower"]
     assert rules.errors == {}
 
 
@@ -446,7 +446,7 @@ def test_changed_parameters_apply_to_open_alerts(tmp_path):
     path.write_text(RULES.replace("{above: 10, recover_below: 5}",
                                   "{above: 100, recover_below: 50}"))
     os.utime(path, (5, 5))
-    assert h.rules.reload()
+    assert h.rules.reload().changed
     for second in range(4, 7):
         h.at(second, 30.0)  # now below the new recover bound
     assert h.all()[0].state == RESOLVED
@@ -884,7 +884,7 @@ def _edit_rules(h, text: str, stamp: int) -> None:
     path = h.tmp / "rules" / "r.yaml"
     path.write_text(text)
     os.utime(path, (stamp, stamp))
-    assert h.rules.reload(), h.rules.errors
+    assert h.rules.reload().changed, h.rules.errors
 
 
 COUNTED = RULES.replace("for: 2s", "for: 0s\n        for_evaluations: {crossed: 2, of: 10}"

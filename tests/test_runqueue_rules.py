@@ -25,7 +25,7 @@ T0 = 1_800_000_000 * S
 
 def _engine(tmp_path):
     rules = RuleSet([str(SHIPPED)])
-    assert rules.reload() and not rules.errors
+    assert rules.reload().changed and not rules.errors
     incidents = IncidentStore(tmp_path / "incidents.db")
     windows = RecentWindows()
     engine = Engine(windows, incidents, rules, "n", DryRunActuator("n"),
