@@ -30,9 +30,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector as MetricsCollector
-
 from sloguard.collectors.app_probe import ProbeResult, describe, probe_http, probe_tcp
 from sloguard.collectors.app_scrape import ScrapeError, scrape
 from sloguard.collectors.app_targets import Target, targets_from_config, targets_from_pods
@@ -44,6 +41,7 @@ from sloguard.collectors.latency import LatencyBatch
 from sloguard.collectors.slo_window import SloTracker
 from sloguard.core.health import ComponentStatus
 from sloguard.core.samples import Sample
+from sloguard.core.selfmetrics import TargetMetrics
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +133,7 @@ class AppLatencyCollector(CollectorBase):
         for target in self.static:  # listed (not tried yet) from the start
             self._status[target.key] = TargetStatus(target)
         if registry is not None:
-            registry.register(_TargetMetrics(self))
+            registry.register(TargetMetrics(self.target_status, self.received))
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -391,43 +389,6 @@ def _probe_fields(result: ProbeResult, failures: int) -> dict[str, float]:
     if result.status_code is not None:
         fields["status_code"] = float(result.status_code)
     return fields
-
-
-class _TargetMetrics(MetricsCollector):
-    """Per-target health on /metrics, computed when Prometheus scrapes the agent."""
-
-    def __init__(self, owner: AppLatencyCollector) -> None:
-        self.owner = owner
-
-    def collect(self) -> Iterable[Any]:
-        labels = ["target", "kind", "service"]
-        up = GaugeMetricFamily("sloguard_target_up", "1 if the last scrape or probe succeeded",
-                               labels=labels)
-        duration = GaugeMetricFamily("sloguard_target_scrape_duration_seconds",
-                                     "How long the last scrape or probe took", labels=labels)
-        attempts = CounterMetricFamily("sloguard_target_attempts",
-                                       "Scrapes and probes made", labels=labels)
-        failures = CounterMetricFamily("sloguard_target_failures",
-                                       "Scrapes and probes that failed", labels=labels)
-        for status in self.owner.target_status():
-            values = [status.target.url, status.target.kind, status.target.service]
-            if status.up is not None:
-                up.add_metric(values, 1.0 if status.up else 0.0)
-            if status.last_duration_s is not None:
-                duration.add_metric(values, status.last_duration_s)
-            attempts.add_metric(values, status.attempts)
-            failures.add_metric(values, status.failures)
-        received = CounterMetricFamily("sloguard_received",
-                                       "Observations and line-protocol points received",
-                                       labels=["kind"])
-        received.add_metric(["observations"], self.owner.received.observations)
-        received.add_metric(["points"], self.owner.received.points)
-        rejected = CounterMetricFamily("sloguard_receive_rejected",
-                                       "Receive requests refused", labels=["endpoint", "reason"])
-        for key, count in sorted(self.owner.received.rejected.items()):
-            endpoint, _, reason = key.partition(" ")
-            rejected.add_metric([endpoint, reason], count)
-        yield from (up, duration, attempts, failures, received, rejected)
 
 
 @hookimpl

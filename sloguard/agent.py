@@ -30,7 +30,7 @@ from sloguard.core.clock import SYSTEM, Clock
 from sloguard.core.health import ComponentStatus
 from sloguard.core.incidents import FIRING, RESOLVED, Evidence, Incident, new_incident_id
 from sloguard.core.samples import Sample
-from sloguard.core.selfmetrics import AgentMetrics
+from sloguard.core.selfmetrics import AgentMetrics, forward_metrics
 from sloguard.core.units import format_duration
 from sloguard.detector.engine import AGENT_GROUP, Engine
 from sloguard.detector.recent import RecentWindows
@@ -185,13 +185,9 @@ class Agent:
         cfg = self.settings.forward
         if not cfg.url:
             return None
-        from prometheus_client import Counter
-
         from sloguard.forwarder import Forwarder
 
-        sent = Counter("sloguard_forward_sent_total",
-                       "Incidents (changes) and audit entries the cluster server accepted",
-                       ["kind"], registry=self.registry)
+        sent = forward_metrics(self.registry)
         forwarder = Forwarder(cfg, self.node, self.incidents, self.ledger, data_dir, sent)
         self.metrics.gauge_callback(
             "sloguard_forward_backlog", "Incidents (changes) and audit entries not yet sent",

@@ -17,12 +17,12 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from sloguard.actuators.ledger import AuditEntry, Ledger
 from sloguard.core.health import ComponentStatus
 from sloguard.core.incidents import Incident
-from sloguard.core.selfmetrics import AgentMetrics
+from sloguard.core.selfmetrics import AgentMetrics, ClusterMetrics
 from sloguard.settings import Settings
 from sloguard.store import StoreError
 from sloguard.store.incidents_db import IncidentStore
@@ -58,11 +58,8 @@ class ClusterServer:
         metrics.gauge_callback(
             "sloguard_cluster_node_last_seen_seconds", "When each node last reported", "node",
             lambda: {n: v["last_seen_ns"] / 1e9 for n, v in self.nodes.items()})
-        self.received = Counter("sloguard_ingested_total",
-                                "Incidents (changes) and audit entries taken from agents",
-                                ["kind", "outcome"], registry=self.registry)
-        self.refused = Counter("sloguard_ingest_refused_total", "Ingest requests refused",
-                               ["reason"], registry=self.registry)
+        counts = ClusterMetrics(self.registry)
+        self.received, self.refused = counts.received, counts.refused
 
     def _load_nodes(self) -> dict[str, dict[str, Any]]:
         try:

@@ -43,3 +43,22 @@ def test_a_new_top_level_module_needs_a_layer(tmp_path):
     lint_imports.lay_out(tmp_path)
     (tmp_path / "sloguard/newthing.py").write_text("X = 1\n")
     assert lint_imports.lint(tmp_path) != 0
+
+
+def test_self_metrics_are_defined_in_one_place():
+    """Every metric sloguard exposes about itself is defined in sloguard/core/selfmetrics.py
+    (dashboards are written from one file); the parts only count on what it hands them."""
+    import re
+
+    definition = re.compile(r"\b(Counter|Gauge|Histogram|Summary|Info|Enum|\w*MetricFamily)\(|"
+                            r"from sloguard\.core\.selfmetrics import _")
+    offenders = []
+    for folder in ("sloguard", "collectors", "detector", "actuators", "ui", "plugins"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path == ROOT / "sloguard/core/selfmetrics.py" or "examples" in path.parts:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if definition.search(line) and "collections" not in line and \
+                        "Counter({" not in line:
+                    offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert offenders == []

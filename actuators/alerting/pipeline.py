@@ -36,6 +36,7 @@ from sloguard.actuators.alerting.slack import SlackSender
 from sloguard.core.health import ComponentStatus
 from sloguard.core.incidents import FIRING, Incident
 from sloguard.core.incidents import RESOLVED as INCIDENT_RESOLVED
+from sloguard.core.selfmetrics import alerting_metrics
 
 log = logging.getLogger(__name__)
 
@@ -73,18 +74,8 @@ class Alerting:
         self.renderer = Renderer(external_url, planned)
         self._messages = None
         if registry is not None:
-            from prometheus_client import Counter
-
-            from sloguard.core.selfmetrics import _CallbackCollector
-
-            self._messages = Counter(
-                "sloguard_alert_messages", "Slack requests by receiver, kind and result "
-                "(sent, retry, rate_limited, receiver_error, found_earlier_attempt, "
-                "possibly_repeated, superseded, failed)",
-                ["receiver", "kind", "result"], registry=registry)
-            registry.register(_CallbackCollector(
-                "sloguard_alert_outbox_pending", "Messages waiting in the outbox", "receiver",
-                lambda: {name: self.outbox.pending().get(name, 0) for name in self.senders}))
+            self._messages = alerting_metrics(registry, lambda: {
+                name: self.outbox.pending().get(name, 0) for name in self.senders})
         self.senders = {
             r.name: SlackSender(r.name, r.slack, self.outbox, self._counter(r.name), backoff_s)
             for r in config.receivers if r.slack is not None}

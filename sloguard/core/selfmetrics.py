@@ -1,8 +1,13 @@
-"""The agent's own metrics, exposed on /metrics for the Prometheus that watches the watcher."""
+"""Every metric sloguard exposes about itself (/metrics, for the Prometheus that watches the
+watcher): the agent's loop, the stores, alerting, forwarding, the application-latency targets
+and the cluster server. The one place their names, help texts and labels are defined, so that
+a dashboard author reads one file; the parts hold the objects these return and count on them.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -72,6 +77,76 @@ class AgentMetrics:
     ) -> None:
         """A counter family read at scrape time from a count its owner keeps."""
         self.registry.register(_CallbackCounter(name, doc, label, read))
+
+
+def alerting_metrics(registry: CollectorRegistry,
+                     pending: Callable[[], dict[str, float]]) -> Counter:
+    """The alert pipeline's: Slack requests by result (the counter returned), and the outbox's
+    messages waiting, by receiver (read at scrape time)."""
+    registry.register(_CallbackCollector(
+        "sloguard_alert_outbox_pending", "Messages waiting in the outbox", "receiver", pending))
+    return Counter(
+        "sloguard_alert_messages", "Slack requests by receiver, kind and result "
+        "(sent, retry, rate_limited, receiver_error, found_earlier_attempt, "
+        "possibly_repeated, superseded, failed)",
+        ["receiver", "kind", "result"], registry=registry)
+
+
+def forward_metrics(registry: CollectorRegistry) -> Counter:
+    """What the cluster server accepted from this agent's forwarder."""
+    return Counter("sloguard_forward_sent_total",
+                   "Incidents (changes) and audit entries the cluster server accepted",
+                   ["kind"], registry=registry)
+
+
+class ClusterMetrics:
+    """The cluster server's: what agents sent it, and what it refused."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.received = Counter("sloguard_ingested_total",
+                                "Incidents (changes) and audit entries taken from agents",
+                                ["kind", "outcome"], registry=registry)
+        self.refused = Counter("sloguard_ingest_refused_total", "Ingest requests refused",
+                               ["reason"], registry=registry)
+
+
+class TargetMetrics(Collector):
+    """The application-latency targets' health and the receiver's counts, computed when
+    Prometheus scrapes the agent from what the collector keeps (collectors/app_latency.py):
+    `targets()` gives each target's status, `received` its counts of pushed data."""
+
+    def __init__(self, targets: Callable[[], list[Any]], received: Any) -> None:
+        self.targets, self.received = targets, received
+
+    def collect(self) -> Iterable[Any]:
+        labels = ["target", "kind", "service"]
+        up = GaugeMetricFamily("sloguard_target_up", "1 if the last scrape or probe succeeded",
+                               labels=labels)
+        duration = GaugeMetricFamily("sloguard_target_scrape_duration_seconds",
+                                     "How long the last scrape or probe took", labels=labels)
+        attempts = CounterMetricFamily("sloguard_target_attempts",
+                                       "Scrapes and probes made", labels=labels)
+        failures = CounterMetricFamily("sloguard_target_failures",
+                                       "Scrapes and probes that failed", labels=labels)
+        for status in self.targets():
+            values = [status.target.url, status.target.kind, status.target.service]
+            if status.up is not None:
+                up.add_metric(values, 1.0 if status.up else 0.0)
+            if status.last_duration_s is not None:
+                duration.add_metric(values, status.last_duration_s)
+            attempts.add_metric(values, status.attempts)
+            failures.add_metric(values, status.failures)
+        received = CounterMetricFamily("sloguard_received",
+                                       "Observations and line-protocol points received",
+                                       labels=["kind"])
+        received.add_metric(["observations"], self.received.observations)
+        received.add_metric(["points"], self.received.points)
+        rejected = CounterMetricFamily("sloguard_receive_rejected",
+                                       "Receive requests refused", labels=["endpoint", "reason"])
+        for key, count in sorted(self.received.rejected.items()):
+            endpoint, _, reason = key.partition(" ")
+            rejected.add_metric([endpoint, reason], count)
+        yield from (up, duration, attempts, failures, received, rejected)
 
 
 class InfluxMetrics:
