@@ -9,54 +9,38 @@ rule that fails (bad data, a detector error) is recorded on that rule and the ot
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import json
 import logging
 import math
-import re
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from sloguard.core.incidents import (
+    AGENT_GROUP,
     FIRING,
     PENDING,
     RESOLVED,
     ActionRecord,
     Evidence,
     Incident,
-    new_incident_id,
 )
-from sloguard.core.percentiles import parse_percentile
 from sloguard.detector.api import Verdict
+from sloguard.detector.batching import Batch, Judged, PerSeries, Slots
+from sloguard.detector.incident_making import agent_event, annotate, from_rule
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import LoadedRule, RuleSet
+from sloguard.detector.signals import SeriesKey, SignalKey, aggregate, signal_keys
 from sloguard.detector.worker import DetectorWorker
 from sloguard.store import WindowQuery
 from sloguard.store.incidents_db import IncidentStore
 
 log = logging.getLogger(__name__)
 
-AGENT_GROUP = "sloguard"  # incidents the agent raises about itself, not from rules
 HUNG_BACKOFF_S = 60.0
-
-SeriesKey = tuple[tuple[str, str], ...]
-
-
-class SignalKey(NamedTuple):
-    """Which signal of which rule: the rule's own (`condition` "") or one of its compound
-    conditions ("and0", "unless1"). A tuple, not a suffix glued to the rule key: group names
-    may contain `#`, and parsing `#andN` back off once missed `#unlessN`, so every detector
-    under `unless:` was thrown away after each evaluation and never warmed up."""
-
-    rule: str
-    condition: str = ""
-
 
 class IncidentActuator(Protocol):
     def on_firing(self, incident: Incident, now_ns: int) -> list[ActionRecord]: ...
@@ -113,9 +97,11 @@ class Engine:
     _worker: DetectorWorker | None = None
     _series_errors: dict[str, str] = field(default_factory=dict)  # rule key -> last failure
     _swept_keys: set[str] | None = None  # rule keys when stored incidents were last swept
-    _batches: dict[SignalKey, _Slots] = field(default_factory=dict)  # signal -> batch, slots
+    _batches: dict[SignalKey, Slots] = field(default_factory=dict)  # signal -> batch, slots
     _mono_ns: int = 0  # the monotonic time of the evaluation in progress
     save_error: str = ""  # why the last save failed, while incidents wait to be saved
+    # the agent's own open events by name (RulesInvalid); None until read from the store
+    _events: dict[str, Incident] | None = None
 
     def restore(self) -> int:
         """Adopt this node's open incidents from before a restart, once their rule is loaded.
@@ -196,7 +182,7 @@ class Engine:
             del self._due[key]
         for key in [k for k in self._hung if k not in keys]:
             del self._hung[key]
-        signals = {signal for rule in active_rules for signal in _signal_keys(rule)}
+        signals = {signal for rule in active_rules for signal in signal_keys(rule)}
         for key in [k for k in self._detectors if k not in signals]:
             del self._detectors[key]  # a rule gone, or a condition taken out of one
         for key in [k for k in self._batches if k not in signals]:
@@ -245,7 +231,7 @@ class Engine:
         open_series = {s for (k, s) in self.states if k == rule.key}
         silent = open_series - values.keys()  # open alerts whose series sent nothing: NaN
         inputs = {**values, **dict.fromkeys(silent, math.nan)} if silent else values
-        main, *others = _signal_keys(rule)
+        main, *others = signal_keys(rule)
         jobs = [(main, rule.spec, inputs)]
         for key, (_, _, condition) in zip(others, rule.spec.conditions, strict=True):
             jobs.append((key, condition, self._values(rule, now_ns, condition)))
@@ -265,7 +251,7 @@ class Engine:
                 self._batches.pop(key, None)
                 self._detectors.pop(key, None)
             raise
-        judged_all: list[_Judged] = []
+        judged_all: list[Judged] = []
         failures: list[str] = []
         for plan, (built, judged, failed) in zip(plans, results, strict=True):
             plan.keep(self, built)
@@ -302,7 +288,7 @@ class Engine:
             self._step(rule, series, main.inputs[series], verdict, now_ns)
 
     def _plan(self, key: SignalKey, spec: Any,
-              inputs: dict[SeriesKey, float]) -> _PerSeries | _Batch:
+              inputs: dict[SeriesKey, float]) -> PerSeries | Batch:
         """How one signal of a rule is judged this tick: by its batch (one numpy call for every
         series) when the detector type offers one, else by one detector per series."""
         if self.batches and self.registry.batch_type(spec.detector) is not None:
@@ -311,19 +297,19 @@ class Engine:
             import numpy  # noqa: F401
             slots = self._batches.get(key)
             if slots is None or (slots.spec is not spec and slots.spec != spec):
-                slots = _Slots(spec)
+                slots = Slots(spec)
                 self._detectors.pop(key, None)  # per-series detectors of an earlier type
             gone = slots.arrange(inputs)
             if not key.condition:  # only the rule's own signal counts evaluations
                 for series in gone:
                     self._history.pop((key.rule, series), None)
-            return _Batch(key, spec, inputs, slots)
+            return Batch(key, spec, inputs, slots)
         self._batches.pop(key, None)  # a batch of an earlier detector type
         mine = self._detectors.get(key, {})
         known = {s: mine.get(s) for s in inputs}
         build = {s for s, entry in known.items()
                  if entry is None or (entry[0] is not spec and entry[0] != spec)}
-        return _PerSeries(key, spec, inputs, known, build)
+        return PerSeries(key, spec, inputs, known, build)
 
     def _guarded(self, rule: LoadedRule, run: Callable[[], Any], now_ns: int) -> Any:
         """Run the rule's detector code on the worker, cut off after `timeout_s`.
@@ -404,33 +390,11 @@ class Engine:
             incident.updated_ns = now_ns
             self._save(incident)
 
-    def _open(
-        self, rule: LoadedRule, series: SeriesKey, value: float | None,
-        threshold: float | None, now_ns: int, note: str = "", change_ns: int | None = None,
-    ) -> Incident:
-        spec, tags = rule.spec, dict(series)
-        incident = Incident(
-            id=new_incident_id(now_ns),
-            fingerprint=fingerprint(rule.key, series),
-            rule=spec.alert,
-            group=rule.group,
-            severity=spec.severity,
-            node=self.node,
-            state=PENDING,
-            series=tags,
-            started_ns=now_ns,
-            updated_ns=now_ns,
-            labels={**tags, **spec.labels},
-            affected=affected_workloads(tags, self.inventory()),
-            policy=spec.policy or "",
-            signal={"measurement": spec.selector.measurement, "field": spec.field,
-                    "expr": spec.expr, "aggregate": spec.aggregate,
-                    "window": f"{spec.window:g}s"},
-            evidence=[Evidence(now_ns, value, threshold,
-                               f"crossed: {note}" if note else "crossed", change_ns)],
-        )
-        _annotate(incident, rule, value, threshold)
-        return incident
+    def _open(self, rule: LoadedRule, series: SeriesKey, value: float | None,
+              threshold: float | None, now_ns: int, note: str = "",
+              change_ns: int | None = None) -> Incident:
+        return from_rule(rule, series, self.node, value, threshold, now_ns, self.inventory(),
+                         note, change_ns)
 
     def _maybe_fire(self, rule: LoadedRule, state: AlertState, value: float | None,
                     now_ns: int, history: deque[bool] | None, crossed: bool) -> None:
@@ -441,7 +405,7 @@ class Engine:
         counted = rule.spec.for_evaluations
         enough = counted is None or (history is not None and sum(history) >= counted.crossed)
         if enough and self._mono_ns - state.since_mono_ns >= rule.spec.for_ * 1e9:
-            _annotate(incident, rule, value, incident.evidence[0].threshold)
+            annotate(incident, rule, value, incident.evidence[0].threshold)
             incident.state = FIRING
             incident.fired_ns = now_ns
             incident.quiet_since_ns = None if crossed else now_ns
@@ -482,6 +446,9 @@ class Engine:
             if state.incident.id == incident_id:
                 del self.states[key]
                 self._history.pop(key, None)
+        for name, event in list(self._open_events().items()):
+            if event.id == incident_id:  # raised again by its next report if still true
+                del self._open_events()[name]
         incident.annotations["resolved_by"] = by
         if comment:
             incident.annotations["resolved_comment"] = comment
@@ -492,15 +459,48 @@ class Engine:
         for state in self.states.values():
             if state.incident.id == incident_id:
                 return state.incident  # the live object: the next evaluation keeps the change
+        for event in self._open_events().values():
+            if event.id == incident_id:
+                return event
         incident = self.incidents.get(incident_id)
         if incident is None:
             raise KeyError(incident_id)
         return incident
 
     def firing(self) -> list[Incident]:
-        """The incidents firing now (the ladder escalates while they do)."""
-        return [state.incident for state in self.states.values()
-                if state.incident.state == FIRING]
+        """The incidents firing now, the agent's own events included (the ladder escalates
+        while they do; events have no policy), for the ladder and alerting alike."""
+        return [*(state.incident for state in self.states.values()
+                  if state.incident.state == FIRING),
+                *(event for event in self._open_events().values() if event.state == FIRING)]
+
+    def event(self, name: str, now_ns: int, problem: str = "", value: float = 0.0,
+              summary: str = "", ended: str = "") -> Incident | None:
+        """Raise or update (with a `problem`) or end (without) an incident the agent raises
+        about itself; it is saved, retried and forwarded as the rules' incidents are."""
+        events = self._open_events()
+        current = events.get(name)
+        if current is None and not problem:
+            return None
+        if current is None:
+            current = events[name] = agent_event(self.node, name, now_ns)
+        if problem:
+            if not current.evidence or current.evidence[-1].note != problem[:2000]:
+                current.add_evidence(Evidence(now_ns, value, None, problem[:2000]))
+            current.summary = summary or problem[:300]
+        else:
+            current.state, current.resolved_ns = RESOLVED, now_ns
+            current.add_evidence(Evidence(now_ns, 0.0, None, ended or "ended"))
+            del events[name]
+        current.updated_ns = now_ns
+        self._save(current)
+        return current
+
+    def _open_events(self) -> dict[str, Incident]:
+        if self._events is None:  # once: the events a previous run left open continue
+            self._events = {i.rule: i for i in self.incidents.open_incidents()
+                            if i.group == AGENT_GROUP and i.node == self.node}
+        return self._events
 
     def save(self, incident: Incident) -> None:
         """Persist an incident another part changed (the ladder adds its actions)."""
@@ -534,205 +534,3 @@ class Engine:
         return sum(1 for _, _, worker in self._hung.values() if worker.stuck)
 
 
-@dataclass
-class _Judged:
-    """One signal's verdicts this tick: which series crossed, and each one's Verdict on demand."""
-
-    inputs: dict[SeriesKey, float]
-    crossed: set[SeriesKey]
-    verdict: Callable[[SeriesKey], Verdict]
-
-
-@dataclass
-class _PerSeries:
-    """One detector object per series (any plugin)."""
-
-    key: SignalKey
-    spec: Any
-    inputs: dict[SeriesKey, float]
-    known: dict[SeriesKey, Any]
-    build: set[SeriesKey]
-
-    def run(self, registry: DetectorRegistry, now_ns: int) -> tuple[dict, _Judged, list[str]]:
-        made = {s: registry.make(self.spec.detector, self.spec.params) for s in self.build}
-        judged: dict[SeriesKey, Verdict] = {}
-        failures = []
-        for s, value in self.inputs.items():
-            detector = made[s] if s in made else self.known[s][1]
-            try:
-                verdict = detector.update(value, now_ns)
-            except Exception as exc:  # one bad series must not fail the others
-                failures.append(f"{dict(s)}: {exc.__class__.__name__}: {exc}")
-                verdict = Verdict(False, False, None, "detector error")
-            if verdict.crossed and math.isnan(value):  # no data never fires
-                verdict = Verdict(False, True, verdict.threshold, "no data")
-            judged[s] = verdict
-        crossed = {s for s, v in judged.items() if v.crossed}
-        return made, _Judged(self.inputs, crossed, judged.__getitem__), failures
-
-    def keep(self, engine: Engine, made: dict) -> None:
-        mine = engine._detectors.setdefault(self.key, {})
-        for s, detector in made.items():
-            mine[s] = (self.spec, detector)
-        # every input has a detector now, so more detectors than inputs means series gone:
-        # only then is this signal's map scanned (never the other rules')
-        if len(mine) > len(self.inputs):
-            for series in [s for s in mine if s not in self.inputs]:
-                del mine[series]
-                if not self.key.condition:
-                    engine._history.pop((self.key.rule, series), None)
-
-
-class _Slots:
-    """A batch detector's slot per series: freed when a series goes, reused by the next."""
-
-    def __init__(self, spec: Any) -> None:
-        self.spec = spec
-        self.detector: Any = None
-        self.index: dict[SeriesKey, int] = {}
-        self.owner: list[SeriesKey | None] = []
-        self.free: list[int] = []
-        self.fresh: list[int] = []  # slots taken over since the batch last ran
-
-    def arrange(self, inputs: dict[SeriesKey, float]) -> list[SeriesKey]:
-        """Give new series a slot and free the slots of series gone; returns those gone."""
-        new = inputs.keys() - self.index.keys()
-        gone = []
-        if len(self.index) > len(inputs) - len(new):
-            gone = list(self.index.keys() - inputs.keys())
-        for series in gone:
-            slot = self.index.pop(series)
-            self.owner[slot] = None
-            self.free.append(slot)
-        for series in new:
-            if self.free:
-                slot = self.free.pop()
-            else:
-                slot = len(self.owner)
-                self.owner.append(None)
-            self.index[series] = slot
-            self.owner[slot] = series
-            self.fresh.append(slot)
-        return gone
-
-
-@dataclass
-class _Batch:
-    """Every series of a signal through one batch detector call."""
-
-    key: SignalKey
-    spec: Any
-    inputs: dict[SeriesKey, float]
-    slots: _Slots
-
-    def run(self, registry: DetectorRegistry, now_ns: int) -> tuple[Any, _Judged, list[str]]:
-        import numpy as np
-
-        slots = self.slots
-        detector = slots.detector or registry.make_batch(self.spec.detector, self.spec.params)
-        if slots.fresh:
-            detector.reset(np.asarray(slots.fresh, dtype=np.int64))
-        values = np.full(len(slots.owner), np.nan)
-        count = len(self.inputs)
-        where = np.fromiter(map(slots.index.__getitem__, self.inputs), np.int64, count)
-        values[where] = np.fromiter(self.inputs.values(), float, count)
-        result = detector.update(values, now_ns)
-        crossed = np.asarray(result.crossed, dtype=bool) & ~np.isnan(values)
-        recovered = np.asarray(result.recovered, dtype=bool) | np.isnan(values)
-        owner = slots.owner
-
-        def verdict(series: SeriesKey) -> Verdict:
-            slot = slots.index[series]
-            threshold = result.threshold
-            if threshold is not None and not isinstance(threshold, int | float):
-                threshold = threshold[slot]
-            threshold = None if threshold is None or math.isnan(threshold) else float(threshold)
-            score = None if result.score is None else float(result.score[slot])
-            note = result.note(slot) if result.note is not None else ""
-            if math.isnan(values[slot]):
-                note = "no data"
-            return Verdict(bool(crossed[slot]), bool(recovered[slot]), threshold, note, score)
-
-        hit = {owner[slot] for slot in np.flatnonzero(crossed).tolist()}
-        hit.discard(None)
-        return detector, _Judged(self.inputs, hit, verdict), []
-
-    def keep(self, engine: Engine, detector: Any) -> None:
-        self.slots.detector = detector
-        self.slots.fresh = []
-        engine._batches[self.key] = self.slots
-
-
-def aggregate(times: Sequence[int], values: Sequence[float], how: str) -> float:
-    """The rule's aggregate over one series' window; NaN when it cannot be computed."""
-    total = sum(values)
-    if total != total:  # a NaN inside (or inf - inf): filter, rarely needed
-        pairs = [(t, v) for t, v in zip(times, values, strict=True) if not math.isnan(v)]
-        times, values = [t for t, _ in pairs], [v for _, v in pairs]
-    if not values:
-        return math.nan
-    if how == "rate":  # per-second increase of a counter, across resets (as Prometheus does)
-        if len(values) < 2 or times[-1] <= times[0]:
-            return math.nan
-        increase = 0.0
-        for before, after in itertools.pairwise(values):
-            increase += after - before if after >= before else after  # a drop is a reset
-        return increase / ((times[-1] - times[0]) / 1e9)
-    if how == "mean":
-        return math.fsum(values) / len(values)
-    if how in ("min", "max"):
-        return min(values) if how == "min" else max(values)
-    if how == "sum":
-        return math.fsum(values)
-    if how == "count":
-        return float(len(values))
-    if how in ("first", "last"):
-        return values[0] if how == "first" else values[-1]
-    q = 0.5 if how == "median" else parse_percentile(how)
-    ordered = sorted(values)  # linear interpolation, as numpy's and pandas' default
-    pos = (len(ordered) - 1) * q
-    low = math.floor(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
-def _annotate(incident: Incident, rule: LoadedRule, value: float | None,
-              threshold: float | None) -> None:
-    """Render annotations with the current value (Prometheus re-renders them on evaluation)."""
-    spec = rule.spec
-    incident.annotations.update(
-        {k: render(v, incident.series, value) for k, v in spec.annotations.items()})
-    incident.summary = incident.annotations.get("summary") or (
-        f"{spec.alert}: {spec.field} of {spec.expr} = {value} against {threshold}"
-    )
-
-
-def _signal_keys(rule: LoadedRule) -> list[SignalKey]:
-    """The rule's own signal first, then one per compound condition, in the rule's order."""
-    return [SignalKey(rule.key), *(SignalKey(rule.key, f"{kind}{index}")
-                                   for kind, index, _ in rule.spec.conditions)]
-
-
-def fingerprint(rule_key: str, series: SeriesKey) -> str:
-    raw = json.dumps([rule_key, list(series)], separators=(",", ":"))
-    return hashlib.sha1(raw.encode()).hexdigest()[:16]
-
-
-_LABEL = re.compile(r"\{\{\s*\$labels\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
-_VALUE = re.compile(r"\{\{\s*\$value\s*\}\}")
-
-
-def render(template: str, labels: dict[str, str], value: float | None) -> str:
-    """Prometheus-style `{{ $labels.x }}` and `{{ $value }}` substitution (no other logic)."""
-    text = _LABEL.sub(lambda m: labels.get(m.group(1), ""), template)
-    return _VALUE.sub("n/a" if value is None else f"{value:.4g}", text)
-
-
-def affected_workloads(
-    series: dict[str, str], inventory: list[dict[str, str]]
-) -> list[dict[str, str]]:
-    """The LS workloads an incident concerns: the series' own if it is LS, else all LS here."""
-    if series.get("class") == "LS":
-        keys = ("cgroup", "pod", "namespace", "pod_uid", "workload", "container")
-        return [{k: series[k] for k in keys if k in series}]
-    return [w for w in inventory if w.get("class") == "LS"]

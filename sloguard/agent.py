@@ -28,11 +28,11 @@ from sloguard.collectors.registry import CollectorPlugins
 from sloguard.core import failpoints
 from sloguard.core.clock import SYSTEM, Clock
 from sloguard.core.health import ComponentStatus
-from sloguard.core.incidents import FIRING, RESOLVED, Evidence, Incident, new_incident_id
+from sloguard.core.incidents import Incident
 from sloguard.core.samples import Sample
 from sloguard.core.selfmetrics import AgentMetrics, forward_metrics
 from sloguard.core.units import format_duration
-from sloguard.detector.engine import AGENT_GROUP, Engine
+from sloguard.detector.engine import Engine
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import RuleSet
@@ -448,31 +448,11 @@ class Agent:
         """A rejected rule file is an incident of its own: visible in the UI, the API and (with
         alerting) Slack, not only in a log line. It resolves when the files load again."""
         errors = self.rules.errors
-        current = next((i for i in self.incidents.open_incidents()
-                        if i.group == AGENT_GROUP and i.rule == "RulesInvalid"
-                        and i.node == self.node), None)
-        if current is None and not errors:
-            return
-        if current is None:
-            current = Incident(
-                id=new_incident_id(now_ns), fingerprint=f"{self.node}/RulesInvalid",
-                rule="RulesInvalid", group=AGENT_GROUP, severity="warning", node=self.node,
-                state=FIRING, series={"node": self.node}, started_ns=now_ns,
-                updated_ns=now_ns, fired_ns=now_ns)
-        if errors:
-            text = "; ".join(sorted(errors.values()))
-            if not current.evidence or current.evidence[-1].note != text[:2000]:
-                current.add_evidence(Evidence(now_ns, float(len(errors)), None, text[:2000]))
-            current.summary = (f"{len(errors)} rule file(s) or path(s) rejected; the previous "
-                               f"rules stay active: {text[:300]}")
-        else:
-            current.state, current.resolved_ns = RESOLVED, now_ns
-            current.add_evidence(Evidence(now_ns, 0.0, None, "all rule files load"))
-        current.updated_ns = now_ns
-        try:
-            self.incidents.save(current)
-        except Exception as exc:  # retried at the next reload
-            log.error("cannot record the rules-invalid event: %s", exc)
+        text = "; ".join(sorted(errors.values()))
+        self.engine.event(
+            "RulesInvalid", now_ns, problem=text, value=float(len(errors)),
+            summary=f"{len(errors)} rule file(s) or path(s) rejected; the previous rules stay "
+                    f"active: {text[:300]}", ended="all rule files load")
 
     def _enqueue(self, samples: list[Sample]) -> None:
         limit = self.settings.store.buffer_samples

@@ -79,7 +79,7 @@ def test_one_percentile_vocabulary(name, quantile):
     """Rules (aggregations), SLOs, pushed fields and stored field names read a percentile the
     same way: p999 was 99.9 for an SLO but refused as a rule's aggregation before."""
     from sloguard.collectors.config import SloConfig
-    from sloguard.detector.engine import aggregate
+    from sloguard.detector.signals import aggregate
     from sloguard.store import check_aggregation
 
     assert parse_percentile(name) == pytest.approx(quantile)

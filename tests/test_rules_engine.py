@@ -12,10 +12,12 @@ from sloguard.actuators.dryrun import DryRunActuator
 from sloguard.core.incidents import FIRING, PENDING, RESOLVED
 from sloguard.core.samples import Sample
 from sloguard.detector.api import hookimpl
-from sloguard.detector.engine import Engine, SignalKey, aggregate, render
+from sloguard.detector.engine import Engine
+from sloguard.detector.incident_making import render
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import RuleFileError, RuleSet, load_rule_file
+from sloguard.detector.signals import SignalKey, aggregate
 from sloguard.plugins.threshold import Threshold
 from sloguard.store.embedded import EmbeddedStore
 from sloguard.store.incidents_db import IncidentStore
@@ -1152,3 +1154,32 @@ def test_shipped_ls_stall_rules_drive_the_policy_only_while_be_work_runs(tmp_pat
         tick(second, 1.5)
     [stall] = [i for i in h.all() if i.rule == rule]
     assert stall.state == FIRING and stall.policy == policy
+
+
+def test_the_agents_own_events_are_incidents_of_the_engine(tmp_path):
+    """RulesInvalid is made, saved, handed on (firing) and ended by the engine like a rule's
+    incident, and a restarted engine continues the one left open instead of opening another
+    (alerting once found these by polling the store)."""
+    from sloguard.core.incidents import AGENT_GROUP
+
+    def engine(store):
+        return Engine(RecentWindows(), store, RuleSet([]), "node-a", DryRunActuator("node-a"))
+
+    store = IncidentStore(tmp_path / "i.db")
+    first = engine(store)
+    assert first.event("RulesInvalid", T0) is None  # nothing wrong, nothing made
+    made = first.event("RulesInvalid", T0, problem="r.yaml:3: bad", value=1.0,
+                       summary="1 rule file rejected")
+    assert made.group == AGENT_GROUP and made.state == FIRING
+    assert [i.id for i in first.firing()] == [made.id]
+    assert store.get(made.id).summary == "1 rule file rejected"
+
+    again = engine(store)  # a restart
+    same = again.event("RulesInvalid", T0 + 10**9, problem="r.yaml:3: bad", value=1.0,
+                       summary="1 rule file rejected")
+    assert same.id == made.id and len(same.evidence) == 1  # the same problem: no new evidence
+    assert [i.id for i in again.firing()] == [made.id]
+    ended = again.event("RulesInvalid", T0 + 2 * 10**9, ended="all rule files load")
+    assert ended.state == RESOLVED and again.firing() == []
+    assert store.get(made.id).state == RESOLVED
+    store.close()

@@ -40,8 +40,6 @@ from sloguard.core.selfmetrics import alerting_metrics
 
 log = logging.getLogger(__name__)
 
-AGENT_GROUP = "sloguard"  # the agent's own incidents (detector/engine.py), e.g. RulesInvalid
-OWN_SCAN_S = 5.0
 GC_S = 3600.0
 
 
@@ -82,8 +80,6 @@ class Alerting:
         self.dispatcher = self._load()
         self.handed = {row[0] for row in db.rows("SELECT incident FROM handed")}
         self._seen: dict[str, Incident] = {}
-        self._own: list[Incident] = []
-        self._next_own = 0.0
         self._next_gc = time.monotonic() + 60.0
         self.error = ""
 
@@ -127,11 +123,7 @@ class Alerting:
         """One tick: `now_ns` (wall) stamps messages and matches silences, which are written
         in wall time; `mono_ns` (monotonic) runs the group timers (grouping.Dispatcher)."""
         mono = time.monotonic()
-        if mono >= self._next_own:  # the agent's own events (RulesInvalid) are not the engine's
-            self._next_own = mono + OWN_SCAN_S
-            self._own = [i for i in self.incidents.open_incidents()
-                         if i.group == AGENT_GROUP and i.node == self.node and i.state == FIRING]
-        current = {i.id: i for i in (*firing, *self._own) if i.state == FIRING}
+        current = {i.id: i for i in firing if i.state == FIRING}  # the agent's events included
         alerts = {key: Alert(i, alert_labels(i)) for key, i in current.items()
                   if self._eligible(i)}
         for key in self.dispatcher.tracked() - alerts.keys():

@@ -17,6 +17,7 @@ FIRING = "firing"
 RESOLVED = "resolved"
 STATES = (PENDING, FIRING, RESOLVED)
 SEVERITIES = ("info", "warning", "critical")
+AGENT_GROUP = "sloguard"  # the group of the incidents the agent raises about itself
 MAX_EVIDENCE = 50
 # An incident that flaps for days (a lever applied and undone every few minutes) must not grow
 # a document that is rewritten on every save: beyond MAX_ACTIONS, the middle is replaced by one

@@ -1,0 +1,64 @@
+"""The names of what a rule judges: a series (its tags), a signal (the rule's own, or one of
+its compound conditions), and the one value a series' window is reduced to each evaluation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from sloguard.core.percentiles import parse_percentile
+from sloguard.detector.rules import LoadedRule
+
+SeriesKey = tuple[tuple[str, str], ...]
+
+
+class SignalKey(NamedTuple):
+    """Which signal of which rule: the rule's own (`condition` "") or one of its compound
+    conditions ("and0", "unless1"). A tuple, not a suffix glued to the rule key: group names
+    may contain `#`, and parsing `#andN` back off once missed `#unlessN`, so every detector
+    under `unless:` was thrown away after each evaluation and never warmed up."""
+
+    rule: str
+    condition: str = ""
+
+
+def signal_keys(rule: LoadedRule) -> list[SignalKey]:
+    """The rule's own signal first, then one per compound condition, in the rule's order."""
+    return [SignalKey(rule.key), *(SignalKey(rule.key, f"{kind}{index}")
+                                   for kind, index, _ in rule.spec.conditions)]
+
+
+def aggregate(times: Sequence[int], values: Sequence[float], how: str) -> float:
+    """The rule's aggregate over one series' window; NaN when it cannot be computed."""
+    total = sum(values)
+    if total != total:  # a NaN inside (or inf - inf): filter, rarely needed
+        pairs = [(t, v) for t, v in zip(times, values, strict=True) if not math.isnan(v)]
+        times, values = [t for t, _ in pairs], [v for _, v in pairs]
+    if not values:
+        return math.nan
+    if how == "rate":  # per-second increase of a counter, across resets (as Prometheus does)
+        if len(values) < 2 or times[-1] <= times[0]:
+            return math.nan
+        increase = 0.0
+        for before, after in itertools.pairwise(values):
+            increase += after - before if after >= before else after  # a drop is a reset
+        return increase / ((times[-1] - times[0]) / 1e9)
+    if how == "mean":
+        return math.fsum(values) / len(values)
+    if how in ("min", "max"):
+        return min(values) if how == "min" else max(values)
+    if how == "sum":
+        return math.fsum(values)
+    if how == "count":
+        return float(len(values))
+    if how in ("first", "last"):
+        return values[0] if how == "first" else values[-1]
+    q = 0.5 if how == "median" else parse_percentile(how)
+    ordered = sorted(values)  # linear interpolation, as numpy's and pandas' default
+    pos = (len(ordered) - 1) * q
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
