@@ -1,10 +1,13 @@
 """Rule evaluation and the incident lifecycle: evaluate -> pending -> firing -> resolved.
 
-Each tick, every loaded rule takes its window from the recent in-memory windows (backfilled from
-the store at start), reduces each matching series to one value, feeds the series' detector,
-and moves the series' alert through the Prometheus-style states. Incidents are persisted on every
-transition so a restarted agent continues the incidents it had instead of opening duplicates. A
-rule that fails (bad data, a detector error) is recorded on that rule and the others go on.
+Each tick, every loaded rule due takes its window from the recent in-memory windows (backfilled
+from the store at start), reduces each matching series to one value (signals.py), has each
+signal judged (batching.py: one batch call, or a detector per series, on the worker under the
+rule's deadline), and moves the series' alert through the Prometheus-style states; incidents
+are made in incident_making.py, for rules and for the agent's own events alike. Incidents are
+persisted on every transition (a failed save is retried) so a restarted agent continues the
+incidents it had instead of opening duplicates. A rule that fails (bad data, a detector error)
+is recorded on that rule and the others go on.
 """
 
 from __future__ import annotations
