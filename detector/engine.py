@@ -6,8 +6,8 @@ signal judged (batching.py: one batch call, or a detector per series, on the wor
 rule's deadline), and moves the series' alert through the Prometheus-style states
 (lifecycle.py); incidents are made in incident_making.py, for rules and for the agent's own
 events alike. Incidents are persisted on every transition (a failed save is retried) so a
-restarted agent continues the incidents it had instead of opening duplicates. A rule that fails (bad data, a detector error)
-is recorded on that rule and the others go on.
+restarted agent continues the incidents it had instead of opening duplicates. A rule that
+fails (bad data, a detector error) is recorded on that rule and the others go on.
 """
 
 from __future__ import annotations
