@@ -38,6 +38,7 @@ from pydantic import (
 )
 
 from sloguard.core.config import Duration
+from sloguard.core.incidents import AGENT_GROUP
 from sloguard.core.selectors import Selector, parse_selector
 from sloguard.core.watched import WatchedFiles
 from sloguard.core.yamlfile import YamlFileError, load_model, nearest
@@ -136,6 +137,14 @@ class GroupSpec(BaseModel):
     name: str
     interval: Duration | None = None
     rules: list[RuleSpec]
+
+    @field_validator("name")
+    @classmethod
+    def _not_the_agents(cls, value: str) -> str:
+        if value == AGENT_GROUP:
+            raise ValueError(f"the group name {AGENT_GROUP!r} is reserved for the incidents the "
+                             "agent raises about itself (RulesInvalid): choose another")
+        return value
 
 
 class RuleFileSpec(BaseModel):

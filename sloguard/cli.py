@@ -176,8 +176,8 @@ def rules_check(
         typer.echo(f"warning: detector plugin {name}: {problem}", err=True)
     paths, path_errors, _ = RuleSet([str(f) for f in files]).files()
     failed = bool(path_errors)
-    for problem in path_errors.values():
-        typer.echo(problem, err=True)
+    for problem in path_errors.values():  # what the agent would keep means nothing here
+        typer.echo(problem.split("; keeping")[0], err=True)
     seen: dict[str, str] = {}
     for path in paths:
         try:
@@ -212,8 +212,8 @@ def policies_check(
     factory = StepFactory(ActuatorEnv(settings.node_name, ledger=None))  # type: ignore[arg-type]
     paths, path_errors, _ = PolicySet([str(f) for f in files]).files()
     failed = bool(path_errors)
-    for problem in path_errors.values():
-        typer.echo(problem, err=True)
+    for problem in path_errors.values():  # what the agent would keep means nothing here
+        typer.echo(problem.split("; keeping")[0], err=True)
     seen: dict[str, str] = {}
     for path in paths:
         try:

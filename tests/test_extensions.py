@@ -211,3 +211,45 @@ def test_the_lever_plugin_freezes_be_on_real_cgroups_and_thaws_it(real_cgroups, 
         assert hog.poll() is None  # thawed, it runs on
     finally:
         (frozen_be / "freezer.state").write_text("THAWED")  # a frozen task cannot be reaped
+
+
+class _Shadow:
+    """A third-party plugin that asks to run last: pluggy then calls it first."""
+
+    class Notify:
+        kind = "notify"
+
+        def __init__(self, params, env):
+            pass
+
+    class Cgroups(CollectorBase):
+        name = "cgroups"
+
+        @classmethod
+        def create(cls, ctx):
+            return cls()
+
+        def collect(self, now_ns):
+            return []
+
+        def status(self):
+            return None
+
+    from sloguard.actuators.hookspecs import hookimpl as step_hook
+
+    @step_hook(trylast=True)
+    def sloguard_steps(self):
+        return [self.Notify]
+
+    @collector_hook(trylast=True)
+    def sloguard_collectors(self):
+        return [self.Cgroups]
+
+
+def test_a_plugin_cannot_take_a_builtins_name():
+    steps = StepRegistry(plugins=(_Shadow(),))
+    assert steps.providers["notify"] == "notify"  # the built-in
+    assert "already provided by notify" in " ".join(steps.errors.values())
+    collectors = CollectorPlugins(plugins=(_Shadow(),))
+    assert collectors.providers["cgroups"] == "cgroups"
+    assert list(collectors.types)[:2] == ["node", "cgroups"]  # the build order is kept

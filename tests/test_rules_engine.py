@@ -1183,3 +1183,10 @@ def test_the_agents_own_events_are_incidents_of_the_engine(tmp_path):
     assert ended.state == RESOLVED and again.firing() == []
     assert store.get(made.id).state == RESOLVED
     store.close()
+
+
+def test_the_agents_group_name_is_reserved(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(RULES.replace("name: ls", "name: sloguard"))
+    with pytest.raises(RuleFileError, match="reserved for the incidents the agent raises"):
+        load_rule_file(path)

@@ -42,6 +42,8 @@ def test_the_agent_and_the_server_implement_the_whole_view(tmp_path):
 
 
 def test_the_ui_uses_nothing_but_the_view():
+    # ui/ingest.py is not a view of a node: it is the cluster server's own ingest API, which
+    # ClusterServer.ingest_router() builds around itself (`server.ingest`, `server.refused`).
     used: dict[str, set[str]] = {}
     for module in sorted(set(UI.glob("*.py")) - {UI / "view.py"}):
         for name in re.findall(r"\b(?:agent|view)\.([a-z_]+)", module.read_text()):

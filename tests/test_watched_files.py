@@ -77,3 +77,33 @@ def test_a_vanished_path_keeps_what_was_loaded_from_it(tmp_path, kind):
     assert not gone.changed and sorted(names(watched)) == ["A", "B"]  # still armed
     assert "does not exist" in gone.errors[str(folder)]
     assert "does not exist" in gone.errors[str(single)]
+
+
+@pytest.mark.parametrize("spelling", ["./{rel}", "{root}//{rel}", "{root}/./{rel}"])
+def test_a_vanished_path_keeps_its_definitions_however_it_is_spelled(tmp_path, kind, spelling,
+                                                                     monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "pol"
+    folder.mkdir()
+    configured = spelling.format(root=tmp_path, rel="pol")
+    watched, names, template = kind([configured])
+    _write(folder / "a.yaml", template.format(name="A"), 1)
+    assert watched.reload().ok and names(watched) == ["A"]
+    shutil.rmtree(folder)
+    gone = watched.reload()
+    assert names(watched) == ["A"] and "does not exist" in gone.errors[configured]
+
+
+def test_the_first_definition_is_the_configured_one_and_errors_add_up(tmp_path, kind):
+    late, early = tmp_path / "a-late", tmp_path / "z-early"
+    late.mkdir()
+    early.mkdir()
+    watched, _, template = kind([str(early), str(late)])  # z-early is configured first
+    _write(early / "x.yaml", template.format(name="A"), 1)
+    _write(late / "x.yaml", template.format(name="A"), 1)
+    reloaded = watched.reload()
+    [(where, why)] = reloaded.errors.items()
+    assert where == str(late / "x.yaml") and f"defined at {early / 'x.yaml'}" in why
+    _write(late / "x.yaml", "not: [valid", 2)  # broken now, and its last good copy duplicates
+    both = watched.reload().errors[str(late / "x.yaml")]
+    assert "already defined" in both and "x.yaml:1" in both  # neither hides the other

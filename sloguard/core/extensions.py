@@ -44,6 +44,7 @@ class Extensions:
         self.manager = pluggy.PluginManager(PROJECT)
         self.manager.add_hookspecs(hookspecs)
         self.errors: dict[str, str] = {}
+        self._order: list[Any] = []  # plugins as registered: the built-ins first
         for plugin_name, module in (builtins or {}).items():
             self._register(f"built-in {module}", lambda m=module: importlib.import_module(m),
                            plugin_name)
@@ -60,7 +61,10 @@ class Extensions:
             self._register(f"plugin {plugin!r}", lambda p=plugin: p, None)
         self.types: dict[str, type] = {}
         self.providers: dict[str, str] = {}
-        for impl in getattr(self.manager.hook, hook).get_hookimpls():
+        # In registration order, not pluggy's call order: a third-party hookimpl marked
+        # `trylast` is called first, and would otherwise take a built-in's name.
+        impls = {id(impl.plugin): impl for impl in getattr(self.manager.hook, hook).get_hookimpls()}
+        for impl in [impls[id(p)] for p in self._order if id(p) in impls]:
             provider = impl.plugin_name
             try:
                 provided = list(impl.function() or [])
@@ -89,6 +93,7 @@ class Extensions:
                 log.warning("%s plugin %s: the entry-point group %s is deprecated, use %s",
                             self.what, name, legacy_group, self.group)
             self.manager.register(plugin, name=name)
+            self._order.append(plugin)
         except Exception as exc:  # a broken plugin is reported, the others still load
             self.errors[name or source] = f"{source}: {exc.__class__.__name__}: {exc}"
             log.error("cannot load %s plugin: %s", self.what, self.errors[name or source])

@@ -6,8 +6,8 @@ One semantics for every such set, so that an SRE learns it once:
 - a configured path that does not exist or cannot be listed (an unmounted ConfigMap, a
   permission problem) keeps every item loaded from under it, and says so;
 - a file removed from a directory that is still there takes its items with it (and its error);
-- an item whose key an earlier file (in sorted order) already defines is ignored, and the error
-  names both places;
+- an item whose key an earlier file already defines (in the configured order of the paths,
+  then sorted within a folder) is ignored, and the error names both places;
 - `reload()` says whether the active items changed and what is wrong now.
 
 `reload` runs on one thread (the agent's loop); readers on other threads (the API, /readyz) get
@@ -48,6 +48,7 @@ class WatchedFiles(Generic[T]):
         self.by_file: dict[str, list[T]] = {}
         self._file_errors: dict[str, str] = {}
         self._mtimes: dict[str, float] = {}
+        self._rank: dict[str, int] = {}  # a file's place in the configured order
         self._active: tuple[T, ...] = ()
         self._errors: dict[str, str] = {}
 
@@ -89,7 +90,11 @@ class WatchedFiles(Generic[T]):
         current = {str(p): p for p in found}
 
         def kept(name: str) -> bool:  # under a path that could not be seen whole
-            return any(name == u or name.startswith(u.rstrip("/") + "/") for u in unseen)
+            return any(Path(name) == Path(u) or Path(name).is_relative_to(Path(u))
+                       for u in unseen)
+
+        for rank, name in enumerate(current):  # the configured order, then sorted in a folder
+            self._rank[name] = rank
 
         for name in list(self.by_file):
             if name not in current and not kept(name):
@@ -100,6 +105,9 @@ class WatchedFiles(Generic[T]):
         for name in list(self._file_errors):
             if name not in current and not kept(name):
                 del self._file_errors[name]  # a broken file removed: nothing is wrong with it
+        for name in list(self._rank):
+            if name not in self.by_file and name not in current:
+                del self._rank[name]
         for name, path in current.items():
             try:
                 mtime = path.stat().st_mtime
@@ -122,12 +130,13 @@ class WatchedFiles(Generic[T]):
         active: list[T] = []
         errors = {**path_errors, **self._file_errors}
         seen: dict[str, str] = {}
-        for name in sorted(self.by_file):
+        for name in sorted(self.by_file, key=lambda n: (self._rank.get(n, len(self._rank)), n)):
             for item in self.by_file[name]:
                 key = self._key(item)
                 if key in seen:
-                    errors[name] = (f"{self._source(item)}: {self.what} {key} is already "
-                                    f"defined at {seen[key]}; this one is ignored")
+                    duplicate = (f"{self._source(item)}: {self.what} {key} is already defined "
+                                 f"at {seen[key]}; this one is ignored")
+                    errors[name] = f"{errors[name]}\n{duplicate}" if name in errors else duplicate
                     continue
                 seen[key] = self._source(item)
                 active.append(item)

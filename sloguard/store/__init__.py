@@ -25,8 +25,10 @@ AGGREGATIONS = ("mean", "min", "max", "sum", "count", "first", "last", "median")
 def check_aggregation(agg: str) -> str:
     """Accept the named aggregations and percentiles (sloguard/core/percentiles.py: p50, p99,
     p999, p99.9)."""
-    if agg in AGGREGATIONS or is_percentile(agg):
+    if agg in AGGREGATIONS:
         return agg
+    if is_percentile(agg):
+        return agg.strip().lower()  # one spelling in specs, queries and field names
     raise ValueError(f"unknown aggregation {agg!r} (use {', '.join(AGGREGATIONS)} or a "
                      "percentile: p50, p99, p999, p99.9)")
 
