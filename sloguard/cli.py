@@ -168,33 +168,16 @@ def rules_check(
     """Check rule files as the agent would load them; print every problem as
     file:line:column: field: message, and exit 1 if there is any."""
     from sloguard.detector.registry import DetectorRegistry
-    from sloguard.detector.rules import RuleFileError, RuleSet, load_rule_file
+    from sloguard.detector.rules import RuleSet
 
     settings = _load(config, None, None).settings
     registry = DetectorRegistry.from_config(settings.detectors)
     for name, problem in registry.errors.items():
         typer.echo(f"warning: detector plugin {name}: {problem}", err=True)
-    paths, path_errors, _ = RuleSet([str(f) for f in files]).files()
-    failed = bool(path_errors)
-    for problem in path_errors.values():  # what the agent would keep means nothing here
-        typer.echo(problem.split("; keeping")[0], err=True)
-    seen: dict[str, str] = {}
-    for path in paths:
-        try:
-            rules = load_rule_file(path, registry.check)
-        except RuleFileError as exc:
-            typer.echo(str(exc), err=True)
-            failed = True
-            continue
-        for rule in rules:
-            if rule.key in seen:
-                typer.echo(f"{rule.source}: rule {rule.key} is already defined at "
-                           f"{seen[rule.key]}", err=True)
-                failed = True
-            seen.setdefault(rule.key, rule.source)
+    loaded, problems = RuleSet([str(f) for f in files], registry.check).check()
+    for path, rules in loaded:
         typer.echo(f"{path}: {len(rules)} rules ok")
-    if failed:
-        raise typer.Exit(1)
+    _fail_on(problems)
 
 
 @policies_app.command("check")
@@ -206,31 +189,22 @@ def policies_check(
     file:line:column: field: message, and exit 1 if there is any."""
     from sloguard.actuators.env import ActuatorEnv
     from sloguard.actuators.kinds import StepFactory
-    from sloguard.actuators.policy import PolicyFileError, PolicySet, load_policy_file
+    from sloguard.actuators.policy import PolicySet
 
     settings = _load(config, None, None).settings
     factory = StepFactory(ActuatorEnv(settings.node_name, ledger=None))  # type: ignore[arg-type]
-    paths, path_errors, _ = PolicySet([str(f) for f in files]).files()
-    failed = bool(path_errors)
-    for problem in path_errors.values():  # what the agent would keep means nothing here
-        typer.echo(problem.split("; keeping")[0], err=True)
-    seen: dict[str, str] = {}
-    for path in paths:
-        try:
-            policies = load_policy_file(path, factory.check)
-        except PolicyFileError as exc:
-            typer.echo(str(exc), err=True)
-            failed = True
-            continue
-        for policy in policies:
-            if policy.name in seen:
-                typer.echo(f"{policy.source}: policy {policy.name} is already defined at "
-                           f"{seen[policy.name]}", err=True)
-                failed = True
-            seen.setdefault(policy.name, policy.source)
+    loaded, problems = PolicySet([str(f) for f in files], factory.check).check()
+    for path, policies in loaded:
         names = ", ".join(p.name for p in policies)
         typer.echo(f"{path}: {len(policies)} policies ok ({names})")
-    if failed:
+    _fail_on(problems)
+
+
+def _fail_on(problems: list[str]) -> None:
+    """Print every problem a check found (file:line:column: field: message); exit 1 if any."""
+    for problem in problems:
+        typer.echo(problem, err=True)
+    if problems:
         raise typer.Exit(1)
 
 

@@ -74,19 +74,41 @@ class WatchedFiles(Generic[T]):
                 elif path.exists():
                     found.append(path)
                 else:
-                    errors[entry] = (f"{entry}: does not exist; keeping the {self.what} "
-                                     "definitions loaded from it")
+                    errors[entry] = f"{entry}: does not exist"
                     unseen.add(entry)
             except OSError as exc:
-                errors[entry] = (f"{entry}: cannot list: {exc.strerror}; keeping the "
-                                 f"{self.what} definitions loaded from it")
+                errors[entry] = f"{entry}: cannot list: {exc.strerror}"
                 unseen.add(entry)
         return found, errors, unseen
+
+    def check(self) -> tuple[list[tuple[Path, list[T]]], list[str]]:
+        """Every file loaded once, as `reload` would judge it, keeping nothing: what the
+        `rules check` and `policies check` commands print."""
+        found, path_errors, _ = self.files()
+        loaded: list[tuple[Path, list[T]]] = []
+        problems = list(path_errors.values())
+        seen: dict[str, str] = {}
+        for path in found:
+            try:
+                items = self._load(path)
+            except self._load_errors as exc:
+                problems.append(str(exc))
+                continue
+            for item in items:
+                key = self._key(item)
+                if key in seen:
+                    problems.append(f"{self._source(item)}: {self.what} {key} is already "
+                                    f"defined at {seen[key]}")
+                seen.setdefault(key, self._source(item))
+            loaded.append((path, items))
+        return loaded, problems
 
     def reload(self) -> Reloaded:
         """Load the files that changed; drop the ones removed; recompute the active set."""
         before = self._active
         found, path_errors, unseen = self.files()
+        path_errors = {entry: f"{why}; keeping the {self.what} definitions loaded from it"
+                       for entry, why in path_errors.items()}
         current = {str(p): p for p in found}
 
         def kept(name: str) -> bool:  # under a path that could not be seen whole
