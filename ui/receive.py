@@ -45,7 +45,7 @@ from starlette.concurrency import run_in_threadpool
 from sloguard.collectors.app_latency import AppLatencyCollector, Overloaded
 from sloguard.collectors.histograms import from_counts
 from sloguard.collectors.latency import LatencyBatch
-from sloguard.core.percentiles import parse_percentile
+from sloguard.core.percentiles import is_percentile, parse_percentile
 from sloguard.core.samples import Sample
 from sloguard.ui.line_protocol import LineProtocolError, parse_lines
 
@@ -415,7 +415,7 @@ def receive_router(collector: AppLatencyCollector, cfg: Any, node: str) -> APIRo
                 tags.setdefault("target", "push")
                 batch = LatencyBatch(
                     quantiles={parse_percentile(k): v for k, v in fields.items()
-                               if _is_percentile(k)},
+                               if is_percentile(k)},
                     requests=fields.get("requests", 0.0), errors=fields.get("errors"))
                 batches.append((tags["service"], tags.get("namespace", ""), batch, when))
             samples.append(Sample(point.measurement, tags, fields, when))
@@ -430,14 +430,6 @@ def receive_router(collector: AppLatencyCollector, cfg: Any, node: str) -> APIRo
 
 def _series_key(sample: Sample) -> tuple:
     return (sample.measurement, *sorted(sample.tags.items()))
-
-
-def _is_percentile(name: str) -> bool:
-    try:
-        parse_percentile(name)
-    except ValueError:
-        return False
-    return True
 
 
 def _app_latency_fields(where: str, tags: dict[str, str],
