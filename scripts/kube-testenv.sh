@@ -2,10 +2,15 @@
 # Build and cache a real Kubernetes control plane for the integration tests.
 #
 # Produces, in ${SLOGUARD_KUBE_CACHE:-/var/cache/sloguard/kube}/bin/:
-#   kube-apiserver, kube-controller-manager  built from Debian bookworm's source package
-#                                            `kubernetes` (upstream v1.20.2 with vendor/)
+#   kube-apiserver, kube-controller-manager, built from Debian bookworm's source package
+#   kube-scheduler, kubelet                  `kubernetes` (upstream v1.20.2 with vendor/)
+#   pause                                    the pod sandbox's program, compiled (static) from
+#                                            the same tree's build/pause/linux/pause.c
 #   etcd, etcdctl                            from Debian's etcd-server / etcd-client (dpkg -x)
 #   kubectl                                  from Debian's kubernetes-client (dpkg -x)
+# and installs the node's runtime from Debian (tests/support/kubenode.py starts it, with its own
+# config and state; the packages' services are not used): containerd, runc,
+# containernetworking-plugins (CNI bridge, host-local, loopback in /usr/lib/cni), iproute2.
 #
 # kubectl is extracted rather than installed with apt: on machines where another package
 # already owns /usr/bin/kubectl (e.g. the Google Cloud SDK's `kubectl`), installing
@@ -25,7 +30,7 @@ SUITE="bookworm"
 CACHE_DIR="${SLOGUARD_KUBE_CACHE:-/var/cache/sloguard/kube}"
 BIN_DIR="${CACHE_DIR}/bin"
 SUMS_FILE="${BIN_DIR}/SHA256SUMS"
-BINARIES=(kube-apiserver kube-controller-manager etcd etcdctl kubectl)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet pause etcd etcdctl kubectl)
 
 LOG_NAME=kube-testenv
 source "$(dirname "${BASH_SOURCE[0]}")/setup-lib.sh"
@@ -36,13 +41,17 @@ check_version() {
     local name="$1" path="${BIN_DIR}/$1" out
     [[ -x "${path}" ]] || return 1
     case "${name}" in
-        kube-apiserver | kube-controller-manager)
+        kube-apiserver | kube-controller-manager | kube-scheduler | kubelet)
             out="$("${path}" --version 2>&1)" || return 1
             [[ "${out}" == "Kubernetes ${KUBE_VERSION}" ]] || return 1
             ;;
         kubectl)
             out="$("${path}" version --client --short 2>&1)" || return 1
             [[ "${out}" == *"${KUBE_VERSION}"* ]] || return 1
+            ;;
+        pause)
+            out="$("${path}" -v 2>&1)" || return 1
+            [[ "${out}" == "pause.c "* ]] || return 1
             ;;
         etcd)
             out="$("${path}" --version 2>&1)" || return 1
@@ -221,8 +230,12 @@ build_kube() {
     src="${WORK}/src/tree"
     [[ -f "${src}/Makefile" && -d "${src}/vendor" ]] || die "unexpected source tree in ${src}"
 
+    local go_targets=() want_pause=0
     for t in "${targets[@]}"; do
-        log "building ${t} ${KUBE_VERSION} (takes a few minutes)"
+        if [[ "${t}" == pause ]]; then want_pause=1; else go_targets+=("cmd/${t}"); fi
+    done
+    if [[ ${#go_targets[@]} -gt 0 ]]; then
+        log "building ${go_targets[*]} ${KUBE_VERSION} (one make: shared build cache; ~3 min each)"
         (
             cd "${src}"
             export CGO_ENABLED=0 GOPROXY=off GOFLAGS=-mod=vendor GO111MODULE=on
@@ -230,13 +243,29 @@ build_kube() {
             export KUBE_GIT_VERSION="${KUBE_VERSION}" KUBE_GIT_TREE_STATE=clean
             export KUBE_GIT_MAJOR="${KUBE_MAJOR}" KUBE_GIT_MINOR="${KUBE_MINOR}"
             mkdir -p "${HOME}"
-            make WHAT="cmd/${t}" >&2
+            make WHAT="${go_targets[*]}" >&2
         )
+    fi
+    for t in "${targets[@]}"; do
+        [[ "${t}" != pause ]] || continue
         local out="${src}/_output/local/bin/linux/amd64/${t}"
         [[ -x "${out}" ]] || out="${src}/_output/bin/${t}"
         [[ -x "${out}" ]] || die "make finished but ${t} was not found under ${src}/_output"
         install_binary "${out}" "${t}"
     done
+    if [[ "${want_pause}" -eq 1 ]]; then
+        # The sandbox image's program, as build/pause/Makefile compiles it (static, so the image
+        # needs nothing else); its version is the Makefile's TAG.
+        local pause_dir="${src}/build/pause" tag
+        [[ -f "${pause_dir}/linux/pause.c" ]] || die "no build/pause/linux/pause.c in ${src}"
+        tag="$(awk -F' *[?:]?= *' '$1 == "TAG" { print $2; exit }' "${pause_dir}/Makefile")"
+        [[ -n "${tag}" ]] || tag=unknown
+        ensure_packages gcc libc6-dev
+        log "compiling pause ${tag}"
+        gcc -Os -Wall -Werror -static -DVERSION="v${tag#v}" -o "${WORK}/pause" "${pause_dir}/linux/pause.c"
+        strip "${WORK}/pause"
+        install_binary "${WORK}/pause" pause
+    fi
 }
 
 # ------------------------------------------------------------------------------------ main
@@ -246,6 +275,7 @@ main() {
     mkdir -p "${BIN_DIR}"
     exec 9>"${CACHE_DIR}/.lock"
     flock 9
+    ensure_packages containerd runc containernetworking-plugins iproute2
 
     for name in "${BINARIES[@]}"; do
         if binary_ok "${name}"; then
@@ -270,7 +300,7 @@ main() {
     local kube=() etcd=0 kubectl=0
     for name in "${missing[@]}"; do
         case "${name}" in
-            kube-apiserver | kube-controller-manager) kube+=("${name}") ;;
+            kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | pause) kube+=("${name}") ;;
             etcd | etcdctl) etcd=1 ;;
             kubectl) kubectl=1 ;;
         esac

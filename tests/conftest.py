@@ -151,6 +151,29 @@ def kube():
         yield env
 
 
+@pytest.fixture(scope="session")
+def kube_node(tmp_path_factory):
+    """A real node for this test session: the control plane of `kube` plus kube-scheduler,
+    containerd + runc, a CNI bridge and a kubelet that registers one Ready node and runs pods
+    (support/kubenode.py says what it changes on the host and undoes). Its images (the agent
+    from deploy/Dockerfile, pause, the LS/BE workload image) are built with Docker and
+    imported into the node's containerd; no registry is involved. A separate control plane
+    from `kube`'s: that one has no kubelet on purpose (its tests bind pods to nodes that do not
+    exist, and play the kubelet themselves)."""
+    from support.kubenode import KubeNodeEnv, build_images, node_prerequisites
+
+    reason = node_prerequisites()
+    need(not reason, reason)
+    daemonset = yaml.safe_load((DEPLOY_BASE / "daemonset.yaml").read_text())
+    [agent] = daemonset["spec"]["template"]["spec"]["containers"]
+    images = build_images(tmp_path_factory.mktemp("node-images"), DEPLOY_BASE.parent.parent,
+                          agent["image"], log=lambda line: print(line, file=sys.stderr))
+    env = KubeNodeEnv(images=images, audit=True)
+    with env:
+        print("; ".join(env.image_log), file=sys.stderr)
+        yield env
+
+
 @dataclass
 class KubeAgent:
     """The agent's side of the test apiserver: its token, bound by the RBAC in deploy/base."""

@@ -142,6 +142,12 @@ def test_agent_detects_and_resolves_and_survives_restart(tmp_path, real_cgroups,
         # the node page shows what the busy LS cgroup uses right now
         row = re.search(r"<tr><td>LS</td><td>svc</td>.*?</tr>", agent.get("/node").text, re.S)
         assert row and float(re.findall(r"<td>([0-9.]+)</td>", row.group(0))[0]) > 0.3, row
+        # ... and the API lists the same workloads, filtered by class
+        listed = agent.get("/api/workloads").json()["workloads"]
+        assert next(w for w in listed if w.get("workload") == "svc")["class"] == "LS"
+        assert agent.get("/api/workloads?class=BE").json()["workloads"] == [
+            w for w in listed if w["class"] == "BE"]
+        assert agent.get("/api/workloads?class=XX").status_code == 422
 
         assert agent.terminate() == 0  # SIGTERM: flush and exit cleanly
         assert "agent stopped" in log.read_text()

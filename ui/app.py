@@ -281,6 +281,18 @@ def create_app(agent: NodeView, manage_lifecycle: bool = True) -> FastAPI:
                                        limit=limit)
         return {"actions": [vars(entry) for entry in found]}
 
+    @app.get("/api/workloads", tags=["node"])
+    def workloads(
+        class_: Annotated[Literal["LS", "BE"] | None, Query(alias="class")] = None,
+    ) -> dict[str, Any]:
+        """The node's LS and BE workloads as the agent classes them now (the node page's
+        list): each pod's (or declared cgroup's) class, QoS tier, namespace, pod and uid.
+        What a lever may touch and what it protects follows this class."""
+        found = [w for w in agent.workloads() if class_ is None or w.get("class") == class_]
+        found.sort(key=lambda w: (w.get("class", ""), w.get("namespace", ""),
+                                  w.get("pod") or w.get("workload", "")))
+        return {"workloads": found}
+
     @app.get("/api/policies", tags=["actions"])
     def policies() -> dict[str, Any]:
         """Loaded escalation policies, the rungs in force on this node, and what works here."""

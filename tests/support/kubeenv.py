@@ -127,8 +127,18 @@ def _run(cmd: Sequence[str], cwd: Path) -> None:
         )
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the test process dies, however it dies (a
+    SIGKILLed pytest runs no atexit hook; its servers must not outlive it)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 class _Process:
-    """A child process in its own session, logging to a file."""
+    """A child process in its own session, logging to a file; killed if the test process
+    dies."""
 
     def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
         self.name = name
@@ -143,6 +153,7 @@ class _Process:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                preexec_fn=_die_with_parent,
             )
         except BaseException:
             self._log.close()
@@ -338,6 +349,17 @@ class KubeTestEnv:
         return client.ApiClient(config)
 
     # ---------------------------------------------------------------------- internals
+    # With no kubelet, no pod needs a service-account token: the admission plugin that would
+    # refuse pods until a namespace's `default` account exists stays off. KubeNodeEnv
+    # (support/kubenode.py) turns it on, with the Node authorizer for its kubelet.
+    authorization_mode = "RBAC"
+
+    def _admission_args(self) -> list[str]:
+        return ["--disable-admission-plugins=ServiceAccount"]
+
+    def _controller_manager_args(self) -> list[str]:
+        return []
+
     def _dir(self, name: str) -> Path:
         if self.workdir is None:
             raise KubeTestEnvError("the env is not started")
@@ -503,13 +525,13 @@ class KubeTestEnv:
                 f"--tls-private-key-file={pki / 'server.key'}",
                 f"--client-ca-file={pki / 'ca.crt'}",
                 f"--token-auth-file={self._dir('apiserver-auth') / 'tokens.csv'}",
-                "--authorization-mode=RBAC",
+                f"--authorization-mode={self.authorization_mode}",
                 f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
                 f"--service-account-key-file={pki / 'sa.key'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
                 "--endpoint-reconciler-type=none",
-                "--disable-admission-plugins=ServiceAccount",
+                *self._admission_args(),
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
@@ -548,6 +570,7 @@ class KubeTestEnv:
                 f"--cert-dir={self._dir('kube-controller-manager')}",
                 "--use-service-account-credentials=false",
                 "--v=1",
+                *self._controller_manager_args(),
             ],
         )
         context = ssl.create_default_context()
