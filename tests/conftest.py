@@ -151,15 +151,17 @@ def kube():
         yield env
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kube_node(tmp_path_factory):
-    """A real node for this test session: the control plane of `kube` plus kube-scheduler,
+    """A real node for the tests of one module: a control plane plus kube-scheduler,
     containerd + runc, a CNI bridge and a kubelet that registers one Ready node and runs pods
     (support/kubenode.py says what it changes on the host and undoes). Its images (the agent
     from deploy/Dockerfile, pause, the LS/BE workload image) are built with Docker and
     imported into the node's containerd; no registry is involved. A separate control plane
     from `kube`'s: that one has no kubelet on purpose (its tests bind pods to nodes that do not
-    exist, and play the kubelet themselves)."""
+    exist, and play the kubelet themselves). Module-scoped: the node (~50 s to start) is gone
+    before the next module, whose timing-sensitive tests (the lab's) must not share the CPUs
+    with a kubelet and its pods."""
     from support.kubenode import KubeNodeEnv, build_images, node_prerequisites
 
     reason = node_prerequisites()
