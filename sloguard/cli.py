@@ -335,6 +335,14 @@ def lab(
     repeat: Annotated[int, typer.Option(
         min=1, help="run each scenario's three ways N times; targets are judged on the median "
                     "of the runs' ratios")] = 1,
+    kube: Annotated[bool, typer.Option(
+        help="also run each scenario with LS and BE as pods on --node (a real kubelet node: "
+             "this machine), as <name>-kube in the same report; needs --kubeconfig")] = False,
+    node: Annotated[str | None, typer.Option(
+        help="--kube: the node's name [this machine's hostname]")] = None,
+    kube_image: Annotated[str, typer.Option(
+        help="--kube: the pods' image, with redis-server and stress-ng "
+             "(deploy/lab/workload.Dockerfile), present on the node")] = "sloguard-lab/workload:1",
 ) -> None:
     """Run interference scenarios on this machine: an LS service under open-loop load, BE
     antagonists on a schedule, the agent guarding it or not; writes a report with plots."""
@@ -367,6 +375,20 @@ def lab(
         raise typer.Exit(2)
     if short:
         specs = [shortened(s, quiet=10, episode=25, episodes=1) for s in specs]
+    pods = None
+    if kube:
+        if not kubeconfig:
+            typer.echo("sloguard: --kube needs --kubeconfig (the API server of the node)",
+                       err=True)
+            raise typer.Exit(2)
+        import socket
+
+        from sloguard.lab.pods import PodPlacement
+        from sloguard.lab.session import with_pods
+
+        specs = with_pods(specs)
+        if not report_only:
+            pods = PodPlacement(kubeconfig, node or socket.gethostname(), kube_image)
     if report_only:
         scenarios = load_session(specs, out)
         if not scenarios:
@@ -396,7 +418,7 @@ def lab(
         signal.signal(signal.SIGTERM, stop)
         try:
             scenarios = run_session(specs, out, progress, kubeconfig=kubeconfig,
-                                    repeats=repeat)
+                                    repeats=repeat, pods=pods)
         except LabSetupError as exc:
             typer.echo(f"sloguard: the lab cannot run here: {exc}", err=True)
             raise typer.Exit(2) from None

@@ -149,3 +149,35 @@ def test_a_hung_api_never_blocks_the_agent(tmp_path):
     assert elapsed < 25, f"one refresh took {elapsed:.0f} s: retries multiply the timeout"
     cache.stop()
     listener.close()
+
+
+def test_a_pod_unknown_to_the_cache_is_listed_soon_not_at_the_next_refresh(kube):
+    """A pod created after a listing is looked up by its uid (its cgroup appeared): the cache
+    lists again within `soon_s`, not `refresh_s` later; a second lookup asks nothing more."""
+    core = client.CoreV1Api(kube.api_client())
+    namespace = f"meta-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    cache = PodMetadataCache(load_api_client(kube.kubeconfig_path()), NODE, refresh_s=3600,
+                             soon_s=0.5)
+    cache.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not cache.status().ok:  # the first listing
+            assert time.monotonic() < deadline, cache.status().reason
+            time.sleep(0.05)
+        uid = _pod(core, namespace, "late-job", {"koordinator.sh/qosClass": "BE"},
+                   "BestEffort", [("worker", uuid.uuid4().hex * 2)])
+        assert cache.get(uid) is None  # unknown: the lookup asks for a listing
+        deadline = time.monotonic() + 10
+        while (meta := cache.get(uid)) is None:
+            assert time.monotonic() < deadline, "no listing after the lookup of an unknown pod"
+            time.sleep(0.05)
+        assert (meta.name, meta.namespace) == ("late-job", namespace)
+        assert not cache._wanted.is_set()
+        unknown = str(uuid.uuid4())
+        assert cache.get(unknown) is None and cache._wanted.is_set()  # asks once...
+        time.sleep(1.5)  # (the listing it asked for)
+        assert not cache._wanted.is_set()
+        assert cache.get(unknown) is None and not cache._wanted.is_set()  # ...not again
+    finally:
+        cache.stop()

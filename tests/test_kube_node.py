@@ -45,7 +45,7 @@ from conftest import DEPLOY_BASE
 
 pytestmark = [pytest.mark.kube, pytest.mark.root]
 
-WORKLOAD = "sloguard-test/workload:1"
+WORKLOAD = "sloguard-lab/workload:1"  # deploy/lab/workload.Dockerfile
 BATCH_CPU = "kubernetes.io/batch-cpu"
 BATCH_MEMORY = "kubernetes.io/batch-memory"
 NODE_BATCH = {BATCH_CPU: "2k", BATCH_MEMORY: "8Gi"}  # as Koordinator's manager advertises it
@@ -543,3 +543,59 @@ def _agent_pids(pod_uid: str) -> list[int]:
                     pids += [int(p) for p in (Path(dirpath) / "cgroup.procs").read_text()
                              .split()]
     return pids
+
+
+def test_the_lab_runs_a_scenario_as_pods_on_the_node(node: Node, tmp_path: Path):
+    """`sloguard lab --kube`'s placement, one short guarded way: redis as a Guaranteed LS pod
+    pinned to the LS CPUs, the antagonist as a BestEffort BE pod that writes stress-ng's
+    report through a hostPath, the client on the host over the pod network, the agent
+    finding both through the API and the kubelet's cgroups; every lab pod gone afterwards.
+    The node's own agent (the DaemonSet) and the earlier pods go first: two agents guarding
+    one node would both act, and the earlier redis holds the CPU the lab's needs."""
+    from sloguard.lab.pods import PodPlacement
+    from sloguard.lab.scenario import find_scenario, load_scenario, shortened
+    from sloguard.lab.way import run_way
+
+    env = node.env
+    node.apps.delete_namespaced_daemon_set("sloguard-agent", "sloguard")
+    for namespace in ("shop", "batch", "sloguard"):
+        for item in node.pods(namespace).values():
+            node.core.delete_namespaced_pod(item.metadata.name, namespace,
+                                            grace_period_seconds=0)
+    node.wait("the earlier pods gone", lambda: not any(
+        node.pods(ns) for ns in ("shop", "batch", "sloguard")), timeout=120)
+    spec = shortened(load_scenario(find_scenario("cpu")), quiet=6, episode=15, episodes=1)
+    pods = PodPlacement(env.kubeconfig_path(), env.node_name)
+    pods.check()
+    result = run_way(spec, "guarded", tmp_path / "guarded", lambda fraction, way: None,
+                     kubeconfig=env.kubeconfig_path(), pods=pods)
+    assert f"LS and BE as pods on node {env.node_name} (redis on cpuset 0)" in result.client
+    answered = result.records[result.records[:, 2] >= 0]
+    assert len(answered) > 0.9 * spec.ls.rate * 20, len(answered)  # over the pod network
+    [episode] = result.episodes
+    assert episode.returncode == 0 and episode.bogo_ops > 0, episode  # its report, via hostPath
+    assert 14 < episode.seconds < 25, episode.seconds  # from the stressor's own start stamp
+    # The agent found both pods through the API and the kubelet's cgroups, with their classes.
+    from sloguard.store import WindowQuery
+    from sloguard.store.embedded import open_store
+
+    store = open_store(tmp_path / "guarded" / "data", 3600, 2**30)
+    try:
+        cpu = store.read(WindowQuery("container_cpu", 0, time.time_ns() + 10**9,
+                                     fields=("usage_cores",)))
+    finally:
+        store.close()
+    pods_seen = cpu[cpu["level"] == "pod"].groupby(["namespace", "pod", "class"])[
+        "usage_cores"].max()
+    seen = {(pod_name.rsplit("-", 1)[0], cls): used  # redis-<id>, be-cpu-<id>
+            for (_, pod_name, cls), used in pods_seen.items()}
+    assert seen[("redis", "LS")] > 0.05 and seen[("be-cpu", "BE")] > 1.0, pods_seen
+    # Nothing acted on redis; SCHED_IDLE, if the breach called for it, went to the kubelet's
+    # besteffort QoS cgroup (the pods' own SLO is the scenario's: it may hold on this node).
+    for action in result.actions:
+        assert "redis" not in action["target"], action
+    idle = [a for a in result.actions if a["kind"] == "cpu_idle" and a["action"] == "apply"
+            and a["status"] == "done"]
+    assert not idle or "/kubepods/besteffort" in idle[0]["detail"], idle
+    assert not node.core.list_namespaced_pod("sloguard-lab").items  # the lab removed its pods
+    assert (CPU_V1 / "kubepods" / "besteffort" / "cpu.idle").read_text().strip() == "0"

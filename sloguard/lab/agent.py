@@ -65,20 +65,23 @@ def lab_policies(target: Path, kube: bool) -> Path:
 
 
 def agent_config(workdir: Path, port: int, guarded: bool, slo: Any,
-                 kubeconfig: str | None, node: str) -> Path:
+                 kubeconfig: str | None, node: str, pods: bool = False) -> Path:
     token = workdir / "receive.token"
     token.write_text(secrets.token_hex(16))
+    # Pods are found as on any node (the kubelet's kubepods, classes from the API); the lab's
+    # own cgroups are declared. Both walked every 2 s: each episode starts a new BE pod.
+    cgroups: dict[str, Any] = {"rediscover": "2s"} if pods else {
+        "include": [LS_CGROUP.split("/")[0]],
+        "declare": [{"path": LS_CGROUP, "class": "LS", "name": "redis"},
+                    {"path": BE_CGROUP, "class": "BE", "name": "stress-ng"}],
+        "rediscover": "2s",
+    }
     config = {
         "node_name": node,
         "listen": f"127.0.0.1:{port}",
         "interval": "1s",
         "collectors": {
-            "cgroups": {
-                "include": [LS_CGROUP.split("/")[0]],
-                "declare": [{"path": LS_CGROUP, "class": "LS", "name": "redis"},
-                            {"path": BE_CGROUP, "class": "BE", "name": "stress-ng"}],
-                "rediscover": "2s",
-            },
+            "cgroups": cgroups,
             # the lab's rules do not need eBPF; compiling it at start would cost each way
             # several CPU-seconds right before the schedule starts
             "ebpf": {"enabled": False},
@@ -102,11 +105,12 @@ class LabAgent:
     """`sloguard run` as a child; talks to it over its API."""
 
     def __init__(self, workdir: Path, guarded: bool, slo: Any, kubeconfig: str | None = None,
-                 node: str = "sloguard-lab", cpus: set[int] | None = None) -> None:
+                 node: str = "sloguard-lab", cpus: set[int] | None = None,
+                 pods: bool = False) -> None:
         self.workdir = workdir
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        config = agent_config(workdir, self.port, guarded, slo, kubeconfig, node)
+        config = agent_config(workdir, self.port, guarded, slo, kubeconfig, node, pods)
         self.token = (workdir / "receive.token").read_text().strip()
         binary = shutil.which("sloguard", path=str(Path(sys.executable).parent)) or "sloguard"
         self.log = open(workdir / "agent.log", "ab")  # noqa: SIM115 - closed in stop

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sloguard.lab.antagonists import LabSetupError, stress_ng
+from sloguard.lab.pods import PodPlacement
 from sloguard.lab.report import ScenarioReport, ScenarioRuns, build, markdown
 from sloguard.lab.scenario import WAYS, ScenarioSpec, timeline
 from sloguard.lab.way import WayResult, refuse_a_second_lab, run_way
@@ -60,11 +61,25 @@ def clear_results(folder: Path) -> None:
             shutil.rmtree(directory)
 
 
+KUBE_SUFFIX = "-kube"
+
+
+def with_pods(specs: list[ScenarioSpec]) -> list[ScenarioSpec]:
+    """Each scenario, then its twin run as pods on the node (`<name>-kube`): both in one
+    session, so the report compares them measured minutes apart on the same machine."""
+    return [twin for spec in specs for twin in (
+        spec, spec.model_copy(update={"name": spec.name + KUBE_SUFFIX}))]
+
+
 def run_session(specs: list[ScenarioSpec], out: Path, progress: Progress,
-                kubeconfig: str | None = None, repeats: int = 1) -> list[ScenarioRuns]:
+                kubeconfig: str | None = None, repeats: int = 1,
+                pods: PodPlacement | None = None) -> list[ScenarioRuns]:
     """Every scenario's three ways, `repeats` times. Runs go round the scenarios (1st run of
-    each, then the 2nd...) so a slow drift of the machine spreads over all of them."""
+    each, then the 2nd...) so a slow drift of the machine spreads over all of them. With
+    `pods`, the scenarios named `<name>-kube` (`with_pods`) run as pods on its node."""
     preflight()
+    if pods is not None:
+        pods.check()
     names = [spec.name for spec in specs]
     if len(set(names)) != len(names):
         raise ValueError(f"a scenario named twice: {', '.join(names)} (use --repeat)")
@@ -80,7 +95,8 @@ def run_session(specs: list[ScenarioSpec], out: Path, progress: Progress,
                 results[way] = run_way(
                     spec, way, run_dir(out, spec.name, k, repeats) / way,
                     lambda f, w, name=spec.name, k=k: progress(name, k, f, w),
-                    kubeconfig=kubeconfig)
+                    kubeconfig=kubeconfig,
+                    pods=pods if spec.name.endswith(KUBE_SUFFIX) else None)
             runs[spec.name].append(build(spec, results))
         # after every round, so an interrupted session still leaves a report of what ran
         scenarios = [ScenarioRuns(spec, runs[spec.name]) for spec in specs]

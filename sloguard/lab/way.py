@@ -31,7 +31,8 @@ from sloguard.lab.agent import BE_CGROUP, LS_CGROUP, LabAgent, free_port
 from sloguard.lab.antagonists import Antagonist, EpisodeRun, LabSetupError
 from sloguard.lab.cgroups import LabCgroup, pids_in
 from sloguard.lab.kube import LabNode
-from sloguard.lab.scenario import LsSpec, ScenarioSpec, timeline
+from sloguard.lab.pods import PodAntagonist, PodPlacement
+from sloguard.lab.scenario import BeSpec, LsSpec, ScenarioSpec, timeline
 
 PUSH_EVERY_S = 0.5
 # Pushed as a histogram (as a service's metrics library would): 10 us to 10 s, 10% apart, so a
@@ -196,7 +197,7 @@ class LabStage:
     behind whatever failed: antagonists, client, agent (before the cgroups go: its last undo
     must find them), redis, cgroups."""
 
-    def __init__(self, ls: LsSpec, workdir: Path) -> None:
+    def __init__(self, ls: LsSpec, workdir: Path, pods: PodPlacement | None = None) -> None:
         refuse_a_second_lab()
         workdir.mkdir(parents=True, exist_ok=True)
         self.ls, self.workdir = ls, workdir
@@ -208,13 +209,15 @@ class LabStage:
                 self.ls_cgroup.remove()
             raise
         self.cpus = shared_cpus(ls.cpus)
+        self.pods = pods  # LS and BE as pods on a real node (`--kube`), else processes here
         self.redis: subprocess.Popen | None = None
-        self.port = 0
+        self.host, self.port = "127.0.0.1", 0
+        self.ls_note = ""
         self.agent: LabAgent | None = None
         self.loadgen: subprocess.Popen | None = None
         self.relay: Relay | None = None
         self._client_log = workdir / "loadgen.log"
-        self.running: list[Antagonist] = []
+        self.running: list[Antagonist | PodAntagonist] = []
 
     def __enter__(self) -> LabStage:
         return self
@@ -229,9 +232,18 @@ class LabStage:
             exc.add_note(f"the lab's teardown failed too: {failed!r}")  # the first error wins
 
     def start_ls(self) -> None:
+        if self.pods is not None:
+            self.host, self.port, self.ls_note = self.pods.start_ls(self.ls)
+            return
         if self.ls.cpus:
             self.ls_cgroup.pin(self.ls.cpus)
         self.redis, self.port = start_redis(self.ls_cgroup, self.workdir)
+
+    def antagonist(self, kind: str, duration: float, be: BeSpec) -> Antagonist | PodAntagonist:
+        """One episode's stressor: in the BE cgroup, or as a BE pod on the node."""
+        if self.pods is not None:
+            return self.pods.antagonist(kind, duration, be, self.workdir)
+        return Antagonist(kind, duration, be, self.be_cgroup, self.workdir)
 
     def start_client(self, duration: float, start_ns: int) -> Relay:
         """The load generator from `start_ns` for `duration` s; the relay pushes its latencies
@@ -239,7 +251,8 @@ class LabStage:
         ls = self.ls
         with self._client_log.open("wb") as log:  # stdout is the relay's alone
             self.loadgen = subprocess.Popen(
-                [sys.executable, "-m", "sloguard.lab.loadgen", "--port", str(self.port),
+                [sys.executable, "-m", "sloguard.lab.loadgen", "--host", self.host,
+                 "--port", str(self.port),
                  "--rate", str(ls.rate), "--duration", str(duration), "--keys", str(ls.keys),
                  "--value-size", str(ls.value_size), "--rt-priority", str(ls.rt_priority),
                  "--start-ns", str(start_ns), "--cpus", format_cpulist(self.cpus)],
@@ -281,6 +294,8 @@ class LabStage:
         if self.redis is not None and self.redis.poll() is None:
             attempt(self.redis.kill)
             attempt(self.redis.wait)
+        if self.pods is not None:
+            attempt(self.pods.close)
         for cgroup in (self.be_cgroup, self.ls_cgroup):
             with contextlib.suppress(OSError):
                 cgroup.remove()
@@ -289,17 +304,22 @@ class LabStage:
 
 
 def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
-            kubeconfig: str | None = None, lead_s: float = 3.0) -> WayResult:
+            kubeconfig: str | None = None, lead_s: float = 3.0,
+            pods: PodPlacement | None = None) -> WayResult:
+    """One way; with `pods`, LS and BE run as pods on that real node (and the Kubernetes steps
+    act on it, through `kubeconfig`), else as processes in the lab's cgroups."""
     episodes, total = timeline(spec)
     node: LabNode | None = None
+    node_name = pods.node if pods is not None else "sloguard-lab"
     try:
-        with LabStage(spec.ls, workdir) as stage:
+        with LabStage(spec.ls, workdir, pods) as stage:
             stage.start_ls()
             if kubeconfig:
-                node = LabNode(kubeconfig, "sloguard-lab")
+                node = LabNode(kubeconfig, node_name)
             agent = stage.agent = LabAgent(workdir, guarded=(way == "guarded"),
                                            slo=spec.ls.slo, kubeconfig=kubeconfig,
-                                           node="sloguard-lab", cpus=stage.cpus)
+                                           node=node_name, cpus=stage.cpus,
+                                           pods=pods is not None)
             agent.wait_ready()
             start_ns = time.time_ns() + int(lead_s * 1e9)
             relay = stage.start_client(total, start_ns)
@@ -312,8 +332,8 @@ def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
                     _sleep_until(end_ns, start_ns, total, way, progress)
                     runs.append(EpisodeRun(episode.antagonist, begin_ns, end_ns, 0.0, 0))
                     continue
-                antagonist = Antagonist(episode.antagonist, episode.end_s - episode.start_s,
-                                        spec.be, stage.be_cgroup, workdir)
+                antagonist = stage.antagonist(episode.antagonist,
+                                              episode.end_s - episode.start_s, spec.be)
                 stage.running.append(antagonist)
                 _sleep_until(end_ns, start_ns, total, way, progress)
                 runs.append(antagonist.finish())
@@ -324,7 +344,9 @@ def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
             result = WayResult(spec.name, way, start_ns, total, runs,
                                incidents=agent.incidents(), actions=agent.actions(),
                                client=f"{client}; relay on {relay.pinned}; "
-                                      f"agent on {agent.placement()}",
+                                      f"agent on {agent.placement()}"
+                                      + (f"; LS and BE as pods on node {node_name} (redis on "
+                                         f"{stage.ls_note})" if pods is not None else ""),
                                push_errors=relay.push_errors, records=relay.records())
             result.save(workdir)
             return result

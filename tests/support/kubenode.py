@@ -545,13 +545,13 @@ def _https_ok(url: str) -> bool:
         return False
 
 
-WORKLOAD_IMAGE = "sloguard-test/workload:1"
+WORKLOAD_IMAGE = "sloguard-lab/workload:1"  # deploy/lab/workload.Dockerfile
 
 
 def build_images(out: Path, root: Path, agent_image: str, log: Any = print) -> list[str]:
     """The node's images, without a registry, built by the local Docker engine: the
     agent from deploy/Dockerfile (tagged as the DaemonSet names it), the pause image from the
-    cached pause program, the LS/BE workload image (tests/kube-node/). Docker's layer cache
+    cached pause program, the LS/BE workload image (deploy/lab/, the lab's). Docker's layer cache
     makes a second build quick; the image test (tests/test_deploy.py) builds the same agent
     layers. The build host's local CAs reach the agent's build stage as the image test passes
     them (a TLS-intercepting proxy's CA)."""
@@ -564,7 +564,8 @@ def build_images(out: Path, root: Path, agent_image: str, log: Any = print) -> l
                if local_cas else [])
     builds = [
         (pause_image(), ["-f", str(assets / "pause.Dockerfile"), str(pause_ctx)]),
-        (WORKLOAD_IMAGE, ["-f", str(assets / "workload.Dockerfile"), str(assets)]),
+        (WORKLOAD_IMAGE, ["-f", str(root / "deploy" / "lab" / "workload.Dockerfile"),
+                          str(root / "deploy" / "lab")]),
         (agent_image, ["-f", str(root / "deploy" / "Dockerfile"), *ca_args, str(root)]),
     ]
     for tag, args in builds:
