@@ -166,6 +166,19 @@ class LabAgent:
         with urllib.request.urlopen(request, timeout=5) as response:
             response.read()
 
+    def in_force(self) -> list[dict[str, Any]]:
+        """The rungs really applied and not yet undone (shadow-mode proposals left out)."""
+        return [r for r in self.get("/api/policies")["in_force"]
+                if r["status"] == "done" and not r["dry_run"]]
+
+    def wait_released(self, timeout: float) -> list[dict[str, Any]]:
+        """Wait until the agent has undone every rung (its own undo, as on a node: the
+        incidents resolve, then a rung per `undo_hold`); what is still in force at `timeout`."""
+        deadline = time.monotonic() + timeout
+        while (left := self.in_force()) and time.monotonic() < deadline:
+            time.sleep(1)
+        return left
+
     def incidents(self) -> list[dict[str, Any]]:
         return self.get("/api/incidents", limit=1000)["incidents"]
 

@@ -40,6 +40,9 @@ PUSH_EVERY_S = 0.5
 # values cost the agent and the relay tens of ms per push at 5000 requests/s)
 BOUNDS_MS = np.round(0.01 * 1.1 ** np.arange(146), 6)
 Progress = Callable[[float, str], None]
+# Once the load stops, the incidents resolve (recover_for 20 s) and the shipped policy lifts
+# a rung per undo_hold (15 s): five rungs and a relapse back-off fit in this.
+RELEASE_TIMEOUT_S = 300.0
 
 
 @dataclass
@@ -341,6 +344,16 @@ def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
             _sleep_until(start_ns + int(total * 1e9), start_ns, total, way, progress)
             client = stage.finish_client()
             time.sleep(1.5)  # the agent's last evaluation of what was pushed
+            if pods is not None:
+                # The kubelet's QoS cgroups and the node outlive the way (the lab's own cgroups
+                # do not): the agent must have lifted every rung before it stops.
+                progress(1.0, way)
+                if left := agent.wait_released(RELEASE_TIMEOUT_S):
+                    raise RuntimeError(
+                        "the agent still holds " + ", ".join(f"{r['kind']} ({r['target']})"
+                                                             for r in left)
+                        + f" {RELEASE_TIMEOUT_S:g} s after the way; see "
+                        f"{workdir / 'agent.log'}")
             result = WayResult(spec.name, way, start_ns, total, runs,
                                incidents=agent.incidents(), actions=agent.actions(),
                                client=f"{client}; relay on {relay.pinned}; "
