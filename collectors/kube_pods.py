@@ -76,6 +76,7 @@ class PodMetadataCache:
         except Exception as exc:  # the API being away must never stop collection
             self._error = f"listing pods failed: {exc.__class__.__name__}: {exc}"[:300]
             log.warning("kubernetes: %s", self._error)
+            self._asked.clear()  # the pods it was asked for may ask again
             return
         self._pods = {p.metadata.uid: _meta_from_pod(p) for p in pods.items}
         self._error = ""

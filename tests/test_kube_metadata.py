@@ -158,7 +158,7 @@ def test_a_pod_unknown_to_the_cache_is_listed_soon_not_at_the_next_refresh(kube)
     namespace = f"meta-{uuid.uuid4().hex[:6]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     cache = PodMetadataCache(load_api_client(kube.kubeconfig_path()), NODE, refresh_s=3600,
-                             soon_s=0.5)
+                             soon_s=3)  # the window in which `_wanted` stays set, below
     cache.start()
     try:
         deadline = time.monotonic() + 30
@@ -176,7 +176,7 @@ def test_a_pod_unknown_to_the_cache_is_listed_soon_not_at_the_next_refresh(kube)
         assert not cache._wanted.is_set()
         unknown = str(uuid.uuid4())
         assert cache.get(unknown) is None and cache._wanted.is_set()  # asks once...
-        time.sleep(1.5)  # (the listing it asked for)
+        time.sleep(4.5)  # (the listing it asked for, soon_s after the one before)
         assert not cache._wanted.is_set()
         assert cache.get(unknown) is None and not cache._wanted.is_set()  # ...not again
     finally:

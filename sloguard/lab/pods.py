@@ -31,6 +31,9 @@ from sloguard.lab.scenario import BeSpec, LsSpec, stress_args
 NAMESPACE = "sloguard-lab"
 IMAGE = "sloguard-lab/workload:1"
 CLASS_LABEL = "koordinator.sh/qosClass"
+# The QoS cgroups' files a lever may write (v1 and v2 names): what `restore` puts back.
+LEVER_FILES = ("cpu.idle", "cpu.shares", "cpu.weight", "cpu.cfs_quota_us", "cpu.max",
+               "cpuset.cpus", "memory.high", "memory.limit_in_bytes", "memory.max")
 REDIS_PORT = 6379
 
 
@@ -44,9 +47,14 @@ class PodPlacement:
         self.node, self.image, self.namespace = node, image, namespace
         self.api = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
         self._client = client
+        self.run = secrets.token_hex(4)  # this session's pods, and no other lab's
+        self._files: dict[Path, str] = {}
+        self._node_state: dict[str, Any] | None = None
 
     def check(self) -> None:
-        """The node exists, is Ready, and its pods' cgroups are on this machine."""
+        """The node exists, is Ready and is this machine, runs no other sloguard agent, no BE
+        pod but the lab's and no other lab; the lab's namespace and its service account exist.
+        The lab's agent acts for real on every BE pod of the node and on the node itself."""
         try:
             node = self.api.read_node(self.node)
         except self._client.ApiException as exc:
@@ -54,15 +62,99 @@ class PodPlacement:
         if not any(c.type == "Ready" and c.status == "True"
                    for c in node.status.conditions or []):
             raise LabSetupError(f"--kube: node {self.node} is not Ready")
+        machine = Path("/etc/machine-id")
+        node_machine = (node.status.node_info.machine_id or "") if node.status.node_info else ""
+        if machine.exists() and node_machine and \
+                machine.read_text().strip() != node_machine.strip():
+            raise LabSetupError(f"--kube: node {self.node} is another machine (its machine-id "
+                                "is not this one's): the lab measures its pods here")
         layout = detect_layout()
         roots = [*layout.v1.values(), *([layout.unified] if layout.unified else [])]
         if not any((root / top).is_dir() for root in roots
                    for top in ("kubepods", "kubepods.slice")):
             raise LabSetupError(f"--kube: no kubepods cgroup on this machine: node {self.node} "
                                 "must be this machine (its kubelet's pods are measured here)")
-        with contextlib.suppress(self._client.ApiException):
+        in_the_way = []
+        for pod in self.api.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={self.node}").items:
+            if pod.status.phase in ("Succeeded", "Failed"):
+                continue
+            labels = pod.metadata.labels or {}
+            ref = f"{pod.metadata.namespace}/{pod.metadata.name}"
+            if labels.get("app.kubernetes.io/name") == "sloguard":
+                in_the_way.append(f"{ref} (a sloguard agent: two would both act)")
+            elif labels.get("sloguard.io/lab") == "true":
+                in_the_way.append(f"{ref} (another lab's, or a killed one's)")
+            elif labels.get(CLASS_LABEL, "").upper() == "BE" or \
+                    pod.status.qos_class == "BestEffort":
+                in_the_way.append(f"{ref} (BE: the lab's levers and evictions would hit it)")
+        if in_the_way:
+            raise LabSetupError(f"--kube: node {self.node} must be the lab's alone; on it: "
+                                + ", ".join(in_the_way[:10]))
+        with contextlib.suppress(self._client.ApiException):  # 409: it exists
             self.api.create_namespace({"metadata": {"name": self.namespace,
                                                     "labels": {"sloguard.io/lab": "true"}}})
+        deadline = time.monotonic() + 60
+        while True:  # pods are refused until the namespace's `default` account exists
+            try:
+                self.api.read_namespaced_service_account("default", self.namespace)
+                return
+            except self._client.ApiException as exc:
+                if exc.status != 404 or time.monotonic() > deadline:
+                    raise LabSetupError(f"--kube: namespace {self.namespace}: no service "
+                                        f"account `default` ({exc.status})") from None
+            time.sleep(0.2)
+
+    # ------------------------------------------------------------ what must come back
+    def snapshot(self) -> None:
+        """What the levers may change that outlives the way: the files of the kubelet's QoS
+        cgroups, the node's schedulability, taints and batch resources. `restore` puts back
+        whatever the agent did not (a way that failed, an agent that was killed)."""
+        layout = detect_layout()
+        roots = [*layout.v1.values(), *([layout.unified] if layout.unified else [])]
+        self._files = {}
+        for root in dict.fromkeys(roots):
+            for qos in ("kubepods/besteffort", "kubepods/burstable",
+                        "kubepods.slice/kubepods-besteffort.slice",
+                        "kubepods.slice/kubepods-burstable.slice"):
+                for name in LEVER_FILES:
+                    path = root / qos / name
+                    with contextlib.suppress(OSError):
+                        self._files[path] = path.read_text()
+        node = self.api.read_node(self.node)
+        self._node_state = {
+            "unschedulable": node.spec.unschedulable,
+            "taints": [t.to_dict() for t in node.spec.taints or []],
+            "capacity": {k: v for k, v in (node.status.capacity or {}).items()
+                         if k.startswith("kubernetes.io/batch-")},
+            "allocatable": {k: v for k, v in (node.status.allocatable or {}).items()
+                            if k.startswith("kubernetes.io/batch-")},
+        }
+
+    def restore(self) -> list[str]:
+        """Put back what changed since `snapshot`; what was put back."""
+        restored = []
+        for path, value in self._files.items():
+            with contextlib.suppress(OSError):
+                if path.read_text() != value:
+                    path.write_text(value.strip() or "0")
+                    restored.append(str(path))
+        if self._node_state is not None:
+            was = self._node_state
+            node = self.api.read_node(self.node)
+            taints = [t.to_dict() for t in node.spec.taints or []]
+            if bool(node.spec.unschedulable) != bool(was["unschedulable"]) or \
+                    taints != was["taints"]:
+                self.api.patch_node(self.node, {"spec": {
+                    "unschedulable": was["unschedulable"], "taints": was["taints"]}})
+                restored.append(f"node {self.node} schedulability and taints")
+            now = {k: v for k, v in (node.status.capacity or {}).items()
+                   if k.startswith("kubernetes.io/batch-")}
+            if now != was["capacity"]:
+                self.api.patch_node_status(self.node, {"status": {
+                    "capacity": was["capacity"], "allocatable": was["allocatable"]}})
+                restored.append(f"node {self.node} batch resources")
+        return restored
 
     # ------------------------------------------------------------------------- the pods
     def _pod(self, name: str, qos_class: str, command: list[str], *,
@@ -82,7 +174,8 @@ class PodPlacement:
         return {"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "namespace": self.namespace,
                              "labels": {"app": name.rsplit("-", 1)[0], CLASS_LABEL: qos_class,
-                                        "sloguard.io/lab": "true"}},
+                                        "sloguard.io/lab": "true",
+                                        "sloguard.io/lab-run": self.run}},
                 "spec": spec}
 
     def _wait(self, name: str, what: str, done: Any, timeout: float) -> Any:
@@ -97,7 +190,9 @@ class PodPlacement:
             time.sleep(0.2)
 
     def start_ls(self, ls: LsSpec) -> tuple[str, int, str]:
-        """redis as a Guaranteed LS pod; (its pod IP, port, a note of its cpuset)."""
+        """redis as a Guaranteed LS pod; (its pod IP, port, a note of its cpuset). What the
+        way's levers may change is noted first (`snapshot`)."""
+        self.snapshot()
         name = f"redis-{secrets.token_hex(3)}"
         self.api.create_namespaced_pod(self.namespace, self._pod(
             name, "LS", ["redis-server", "--bind", "0.0.0.0", "--port", str(REDIS_PORT),
@@ -113,7 +208,9 @@ class PodPlacement:
     def _pin(self, pod: Any, cpus: str) -> str:
         """The container's cpuset set to the LS CPUs (the static CPU manager's place); the
         kubelet's `none` policy does not write cpusets after it created the cgroup."""
-        container = pod.status.container_statuses[0].container_id.split("://")[-1]
+        container = (pod.status.container_statuses[0].container_id or "").split("://")[-1]
+        if not container:
+            return "any CPU (the container has no id yet)"
         layout = detect_layout()
         written = []
         for root in ([layout.v1["cpuset"]] if "cpuset" in layout.v1 else []) + (
@@ -131,21 +228,37 @@ class PodPlacement:
         return PodAntagonist(self, kind, duration, be, workdir)
 
     def close(self) -> None:
-        """Every lab pod goes (grace 0), and the lab waits until the kubelet has stopped them."""
-        selector = "sloguard.io/lab=true"
+        """This session's pods go, the lab waits until the kubelet has stopped them (their
+        cgroups gone, not only their API objects), then puts back whatever the way's levers
+        left (`restore`). Raises when a pod outlives the wait."""
+        selector = f"sloguard.io/lab-run={self.run}"
+        uids = set()
         with contextlib.suppress(self._client.ApiException):
             for pod in self.api.list_namespaced_pod(self.namespace,
                                                     label_selector=selector).items:
+                uids.add(pod.metadata.uid)
                 with contextlib.suppress(self._client.ApiException):
                     self.api.delete_namespaced_pod(pod.metadata.name, self.namespace,
-                                                   grace_period_seconds=0)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(self._client.ApiException):
-                if not self.api.list_namespaced_pod(self.namespace,
-                                                    label_selector=selector).items:
-                    return
+                                                   grace_period_seconds=1)
+        deadline = time.monotonic() + 90
+        while (left := self._running(uids)) and time.monotonic() < deadline:
             time.sleep(0.5)
+        restored = self.restore()
+        if left:
+            raise RuntimeError(f"lab pods still running 90 s after their deletion: {left}"
+                               + (f"; put back: {', '.join(restored)}" if restored else ""))
+
+    def _running(self, uids: set[str]) -> list[str]:
+        """Of `uids`, the pods still in the API or still with a cgroup on this machine."""
+        with contextlib.suppress(self._client.ApiException):
+            listed = {p.metadata.uid for p in self.api.list_namespaced_pod(
+                self.namespace, label_selector=f"sloguard.io/lab-run={self.run}").items}
+            if listed & uids:
+                return sorted(listed & uids)
+        layout = detect_layout()
+        roots = [*layout.v1.values(), *([layout.unified] if layout.unified else [])]
+        return sorted(uid for uid in uids for root in dict.fromkeys(roots)
+                      if any(root.glob(f"kubepods*/**/*pod{uid.replace('-', '?')}*")))
 
 
 class PodAntagonist:
@@ -170,23 +283,34 @@ class PodAntagonist:
 
     def finish(self, timeout: float = 30.0) -> EpisodeRun:
         placement = self.placement
+        why = ""
         try:
             pod = placement._wait(self.name, "finished", lambda p: p.status.phase in (
                 "Succeeded", "Failed"), timeout=timeout)
-            state = pod.status.container_statuses[0].state.terminated
+            statuses = pod.status.container_statuses or []
+            state = statuses[0].state.terminated if statuses else None
             code = state.exit_code if state is not None else -1
+            why = pod.status.reason or ""
         except RuntimeError:
             code = -1
+            with contextlib.suppress(placement._client.ApiException, IndexError, TypeError,
+                                     AttributeError):
+                pod = placement.api.read_namespaced_pod(self.name, placement.namespace)
+                waiting = pod.status.container_statuses[0].state.waiting
+                why = f"{waiting.reason}: {waiting.message}" if waiting else pod.status.phase
         ended = time.time_ns()
         self.kill()
         try:
             started = int((self.out / f"{self.name}.start").read_text().strip())
         except (OSError, ValueError):
-            started = self.asked_ns  # it never started: no work, from when it was asked for
+            # Not an episode with no work: an episode that never was (the image missing,
+            # the pod refused); the comparison must not count it.
+            raise RuntimeError(f"the antagonist pod {self.name} never started"
+                               + (f" ({why})" if why else "")) from None
         return EpisodeRun(self.antagonist, started, ended,
                           bogo_ops(self.out / f"{self.name}.yaml"), code)
 
     def kill(self) -> None:
         with contextlib.suppress(self.placement._client.ApiException):
             self.placement.api.delete_namespaced_pod(self.name, self.placement.namespace,
-                                                     grace_period_seconds=0)
+                                                     grace_period_seconds=1)

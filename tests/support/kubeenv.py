@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import json
 import os
 import secrets
@@ -127,13 +128,21 @@ def _run(cmd: Sequence[str], cwd: Path) -> None:
         )
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the test process dies, however it dies (a
-    SIGKILLed pytest runs no atexit hook; its servers must not outlive it)."""
-    import ctypes
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # loaded here: no dlopen in a forked child
+_PR_SET_PDEATHSIG = 1
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """For the child, before exec: SIGKILL when the test process dies, however it dies (a
+    SIGKILLed pytest runs no atexit hook; its servers must not outlive it). The signal follows
+    the thread that started the child: start envs from the main thread."""
+
+    def arm() -> None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return arm
 
 
 class _Process:
@@ -153,7 +162,7 @@ class _Process:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_die_with_parent(os.getpid()),
             )
         except BaseException:
             self._log.close()

@@ -21,8 +21,14 @@ What a node changes on the host, and what ``stop()`` undoes:
 - containerd's and the kubelet's state live in the env's temp dir; mounts under it are
   unmounted, and every container shim of this containerd is killed.
 - ``/var/log/pods`` entries of the env's pods: removed.
+- the kernel settings a 1.20 kubelet sets at start (``KUBELET_SYSCTLS``: overcommit, panic on
+  oops, ...): put back as they were.
 
-Everything is started by the test session and stopped at its end; nothing is left running.
+One node at a time on a machine (a lock in /run), and none where another kubelet runs (k3s,
+a real node's): what the teardown removes (the kubepods tree, ``cni-*`` network namespaces,
+pod logs) is then this env's alone. The control plane, containerd and the kubelet die with the
+test process (PR_SET_PDEATHSIG); what a SIGKILLed test leaves (the container shims and their
+containers, mounts, cgroups) is swept when the next node starts.
 This module must not import the sloguard package.
 """
 
@@ -57,6 +63,12 @@ BRIDGE = "sgnode0"
 POD_SUBNET = "10.88.77.0/24"
 CNI_BIN_DIR = "/usr/lib/cni"
 V1_ROOT = Path("/sys/fs/cgroup")
+LOCK = Path("/run/sloguard-kubenode.lock")
+# What a 1.20 kubelet writes at start unless protectKernelDefaults (kubelet's
+# setupKernelTunables): kept and put back, since a test machine is not a node.
+KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic",
+                   "kernel/panic_on_oops", "kernel/keys/root_maxkeys",
+                   "kernel/keys/root_maxbytes")
 POD_LOGS = Path("/var/log/pods")
 NETNS_DIR = Path("/var/run/netns")
 
@@ -98,10 +110,31 @@ def node_prerequisites() -> str:
     for tool in ("containerd", "ctr", "runc"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (bash scripts/kube-testenv.sh installs containerd)"
+    for tool in ("ip", "mount", "umount", "docker"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
     for plugin in ("bridge", "host-local", "loopback"):
         if not os.access(Path(CNI_BIN_DIR) / plugin, os.X_OK):
             return f"CNI plugin {plugin} missing in {CNI_BIN_DIR} (containernetworking-plugins)"
+    foreign = foreign_kubelets()
+    if foreign:
+        return ("a kubelet already runs on this machine (" + "; ".join(foreign)[:300]
+                + "): a test node would share its kubepods tree, and its teardown would "
+                "remove that kubelet's pods")
     return ""
+
+
+def foreign_kubelets() -> list[str]:
+    """Command lines of kubelets running here that no test node started: a kubelet binary,
+    or k3s/k0s/microk8s, which run one inside."""
+    found = []
+    for cmdline in _live_cmdlines():
+        argv = cmdline.split(b"\0")
+        name = os.path.basename(argv[0]).decode(errors="replace")
+        if (name == "kubelet" or name.startswith(("k3s", "k0s", "kubelite"))) and \
+                b"sloguard-kubeenv-" not in cmdline:
+            found.append(b" ".join(argv[:3]).decode(errors="replace"))
+    return found
 
 
 def _mounts() -> list[tuple[str, str]]:
@@ -158,8 +191,23 @@ class KubeNodeEnv(KubeTestEnv):
         reason = node_prerequisites()
         if reason:
             raise KubeTestEnvError(reason)
+        import fcntl
+
+        self._lock = open(LOCK, "w")  # noqa: SIM115 - held for the node's lifetime
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            raise KubeTestEnvError(f"another test node runs on this machine ({LOCK} is "
+                                   "held): one at a time") from None
         sweep_stale_nodes()
-        super().start()
+        self._sysctls = {key: (Path("/proc/sys") / key).read_text()
+                         for key in KUBELET_SYSCTLS if (Path("/proc/sys") / key).exists()}
+        try:
+            super().start()
+        except BaseException:
+            self._release()
+            raise
         try:
             self._node_started = True
             self._netns_before = set(os.listdir(NETNS_DIR)) if NETNS_DIR.is_dir() else set()
@@ -180,20 +228,43 @@ class KubeNodeEnv(KubeTestEnv):
         """Pods deleted (the kubelet stops them and tears their network down), the kubelet
         and containerd stopped, then whatever a crash could have left: shims, mounts, network
         namespaces, the bridge, the kubepods cgroups, the pods' log dirs."""
+        errors: list[str] = []
+
+        def attempt(step: Any, *args: Any) -> None:
+            try:
+                step(*args)
+            except Exception as exc:  # every other step still runs; reported at the end
+                errors.append(f"{getattr(step, '__name__', step)}: {exc!r}")
+
         if self._node_started:
             self._node_started = False
-            with contextlib.suppress(Exception):
-                self._drain_pods()
-            self._stop_named("kubelet")
-            self._stop_named("containerd")
-            self._kill_shims()
+            attempt(self._drain_pods)
+            attempt(self._stop_named, "kubelet")
+            attempt(self._stop_named, "containerd")
+            attempt(self._kill_shims)
             if self.workdir is not None:
-                _unmount_under(self.workdir)
-            self._remove_netns()
-            subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
-            self._remove_kubepods()
-            self._remove_pod_logs()
-        super().stop()
+                attempt(_unmount_under, self.workdir)
+            attempt(self._remove_netns)
+            attempt(_delete_bridge)
+            attempt(self._remove_kubepods)
+            attempt(self._remove_pod_logs)
+        try:
+            super().stop()
+        finally:
+            attempt(self._release)
+        if errors:
+            raise KubeTestEnvError("the node's teardown left things behind: "
+                                   + "; ".join(errors))
+
+    def _release(self) -> None:
+        """The kernel settings back as they were, and the machine's node lock let go."""
+        for key, value in getattr(self, "_sysctls", {}).items():
+            with contextlib.suppress(OSError):
+                (Path("/proc/sys") / key).write_text(value)
+        self._sysctls = {}
+        lock = getattr(self, "_lock", None)
+        if lock is not None and not lock.closed:
+            lock.close()
 
     # ------------------------------------------------------------------------ helpers
     def ctr(self, *args: str, timeout: float = 60) -> str:
@@ -311,6 +382,7 @@ state = "{base / 'state'}"
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+        Root = "{base / 'runc'}"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_BIN_DIR}"
     conf_dir = "{cni_conf}"
@@ -460,6 +532,8 @@ state = "{base / 'state'}"
                     except OSError:
                         _kill_tasks(Path(dirpath))
                         time.sleep(0.1)
+                else:
+                    raise KubeTestEnvError(f"cgroup {dirpath} could not be removed")
 
     def _remove_pod_logs(self) -> None:
         if POD_LOGS.is_dir():
@@ -514,7 +588,11 @@ def sweep_stale_nodes() -> None:
         stale = KubeNodeEnv.__new__(KubeNodeEnv)
         stale._netns_before = set()
         stale._remove_kubepods()
-        subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
+        _delete_bridge()
+
+
+def _delete_bridge() -> None:
+    subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
 
 
 def _kill_tasks(cgroup: Path) -> None:
