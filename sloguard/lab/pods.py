@@ -255,9 +255,11 @@ class PodPlacement:
                 self.namespace, label_selector=f"sloguard.io/lab-run={self.run}").items}
             if listed & uids:
                 return sorted(listed & uids)
-        layout = detect_layout()
-        roots = [*layout.v1.values(), *([layout.unified] if layout.unified else [])]
-        return sorted(uid for uid in uids for root in dict.fromkeys(roots)
+        # The hierarchy the kubelet's pods live in (the agent's): on this hybrid host the
+        # kubelet leaves a stopped pod's empty directory in the unified mount, which it does
+        # not manage, so that one says nothing about whether the pod still runs.
+        root = detect_layout().primary
+        return sorted(uid for uid in uids
                       if any(root.glob(f"kubepods*/**/*pod{uid.replace('-', '?')}*")))
 
 
