@@ -261,10 +261,11 @@ def test_repeats_go_round_the_scenarios_into_their_own_folders(tmp_path: Path,
                                                                monkeypatch) -> None:
     import sloguard.lab.session as session
 
-    calls = []
+    calls, placed = [], []
 
-    def fake_way(spec, way, workdir, progress, kubeconfig=None):
+    def fake_way(spec, way, workdir, progress, kubeconfig=None, pods=None):
         calls.append((spec.name, workdir.relative_to(tmp_path).as_posix()))
+        placed.append((spec.name, pods))
         progress(1.0, way)
         result = _result(way)
         result.save(workdir)
@@ -283,6 +284,25 @@ def test_repeats_go_round_the_scenarios_into_their_own_folders(tmp_path: Path,
     assert (tmp_path / "report.md").exists()
     assert session.session_seconds(specs, 2) == 2 * session.session_seconds(specs)
     assert [len(s.runs) for s in session.load_session(specs, tmp_path)] == [2, 2]
+    assert {pods for _, pods in placed} == {None}  # no --kube: no pods
+
+    # --kube: each scenario and its `-kube` twin, only the twin run as pods (checked first)
+    class Placement:
+        checked = 0
+
+        def check(self) -> None:
+            Placement.checked += 1
+
+    placement = Placement()
+    calls.clear()
+    placed.clear()
+    twins = session.with_pods(specs)
+    assert [s.name for s in twins] == ["cache", "cache-kube", "io", "io-kube"]
+    session.run_session(twins, tmp_path / "kube", lambda *a: None, pods=placement)
+    assert Placement.checked == 1
+    assert {(name, pods is placement) for name, pods in placed} == {
+        ("cache", False), ("cache-kube", True), ("io", False), ("io-kube", True)}
+    assert "cache-kube/guarded" in {c[1].removeprefix("kube/") for c in calls}
 
 
 def test_bogo_ops_read_from_stress_ng_yaml(tmp_path: Path) -> None:
