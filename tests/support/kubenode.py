@@ -626,13 +626,14 @@ def _https_ok(url: str) -> bool:
 WORKLOAD_IMAGE = "sloguard-lab/workload:1"  # deploy/lab/workload.Dockerfile
 
 
-def build_images(out: Path, root: Path, agent_image: str, log: Any = print) -> list[str]:
+def build_images(out: Path, root: Path, agent_image: str | None,
+                 log: Any = print) -> list[str]:
     """The node's images, without a registry, built by the local Docker engine: the
     agent from deploy/Dockerfile (tagged as the DaemonSet names it), the pause image from the
     cached pause program, the LS/BE workload image (deploy/lab/, the lab's). Docker's layer cache
     makes a second build quick; the image test (tests/test_deploy.py) builds the same agent
     layers. The build host's local CAs reach the agent's build stage as the image test passes
-    them (a TLS-intercepting proxy's CA)."""
+    them (a TLS-intercepting proxy's CA). ``agent_image`` None: no agent (the lab's node)."""
     assets = root / "tests" / "kube-node"
     pause_ctx = out / "pause-context"
     pause_ctx.mkdir(parents=True, exist_ok=True)
@@ -644,8 +645,10 @@ def build_images(out: Path, root: Path, agent_image: str, log: Any = print) -> l
         (pause_image(), ["-f", str(assets / "pause.Dockerfile"), str(pause_ctx)]),
         (WORKLOAD_IMAGE, ["-f", str(root / "deploy" / "lab" / "workload.Dockerfile"),
                           str(root / "deploy" / "lab")]),
-        (agent_image, ["-f", str(root / "deploy" / "Dockerfile"), *ca_args, str(root)]),
     ]
+    if agent_image:
+        builds.append((agent_image, ["-f", str(root / "deploy" / "Dockerfile"), *ca_args,
+                                     str(root)]))
     for tag, args in builds:
         started = time.monotonic()
         done = subprocess.run(["docker", "build", "-q", "-t", tag, *args], capture_output=True,
@@ -655,3 +658,38 @@ def build_images(out: Path, root: Path, agent_image: str, log: Any = print) -> l
                                    f"{done.stderr[-3000:]}")
         log(f"node image {tag}: built in {time.monotonic() - started:.0f} s")
     return [tag for tag, _ in builds]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Hold a test node up until Ctrl-C, for what a test does not run: a full
+    ``sloguard lab --kube`` comparison (docs/lab.md). The same node as the ``kube_node``
+    fixture's, with the same safeguards (one per machine, refused beside another kubelet)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m support.kubenode",
+                                     description=main.__doc__)
+    parser.add_argument("--agent-image", default=None,
+                        help="also build and import the agent image with this tag")
+    parser.add_argument("--work", type=Path, default=None, help="where the images are built")
+    args = parser.parse_args(argv)
+    root = Path(__file__).resolve().parents[2]
+    work = args.work or Path(tempfile.mkdtemp(prefix="sloguard-node-images-"))
+    images = build_images(work, root, args.agent_image)
+    stop = False
+
+    def _stop(signum: int, frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    with KubeNodeEnv(images=images) as env:
+        print(f"node {env.node_name} Ready; kubeconfig {env.kubeconfig_path()}", flush=True)
+        print("Ctrl-C (or SIGTERM) stops it and undoes what it changed", flush=True)
+        while not stop:
+            time.sleep(0.5)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
