@@ -139,8 +139,11 @@ def select_targets(ctx: StepContext, scope: str = "workload") -> tuple[list[Targ
 
     `workload`: each BE workload's own cgroup. `parent`: their parent cgroups. `auto`: the
     parent when it is the kubelet's besteffort QoS cgroup, else the workload's own cgroup
-    (other parents may hold processes the agent knows nothing about).
+    (other parents may hold processes the agent knows nothing about). A rung narrowed to
+    suspects (`ctx.narrowed`) always writes the workloads' own cgroups.
     """
+    if ctx.narrowed and scope != "workload":  # the suspects' own cgroups, not their parent
+        scope = "workload"
     guard = Guard(ctx.inventory())
     refused: list[str] = []
     chosen: dict[tuple[str, ...], Target] = {}
@@ -347,10 +350,15 @@ class Changes:
 
     def carry_forward(self) -> None:
         """Keep the records of earlier applies of this same lever for files this apply did not
-        touch (the target set changed since), so undo still restores them."""
+        touch (the target set changed since), so undo still restores them. Not those of
+        cgroups outside a narrowed rung's workloads: they belong to its sibling rungs
+        (`target: suspects`), which undo them from their own records."""
         touched = {r["file"] for r in self.records}
+        only, exclude = self.ctx.only, set(self.ctx.exclude)
         for record in self._same_lever:
-            if record["file"] in touched:
+            cgroup = record.get("cgroup", "")
+            if record["file"] in touched or cgroup in exclude or (
+                    only is not None and cgroup not in only):
                 continue
             try:
                 current = read_value(Path(record["file"]))

@@ -87,6 +87,7 @@ def _topmost(paths: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
 
 class CpuQuota:
     kind: ClassVar[str] = "cpu_quota"
+    per_workload: ClassVar[bool] = True  # targets ctx.be_workloads(): `target: suspects`
 
     def __init__(self, params: dict[str, Any], env: ActuatorEnv) -> None:
         reject_unknown(params, {"threshold_percent", "min_cores", "period_us", "scope",

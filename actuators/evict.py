@@ -7,7 +7,9 @@ the node's cgroup inventory classes LS is protected too: both sources must agree
 Pods that eviction cannot help with are left out and said so: pods already terminating or
 finished, mirror pods (the kubelet owns them), and DaemonSet pods (recreated on this node).
 
-Ranking, as in the issue: priority (lowest first), then usage of the contended resource
+Ranking: the incident's suspects first, in their order (detector/attribution/: the BE
+workload the LS slowdown is attributed to, with the evidence, is the one whose eviction helps),
+then priority (lowest first), then usage of the contended resource
 (highest first; measured usage through `ActuatorEnv.usage` when the agent has it, else the
 pod's requests, which the ranking then says), then run time (shortest first: the least work
 lost). The ranking with its reasons is the step's detail, so it lands in the incident.
@@ -68,6 +70,8 @@ class Candidate:
     usage: float | None  # of the contended resource: cores or bytes; None when unknown
     source: str  # "usage" | "requests" | "none"
     up_s: float
+    suspect: int = 0  # its rank among the incident's suspects; 0: not a suspect
+    why_suspect: str = ""  # the suspect's score and strongest clue
 
     @property
     def ref(self) -> str:
@@ -124,11 +128,20 @@ def _excluded(pod: Any) -> str:
 def rank(pods: Iterable[Any], resource: str, now_ns: int,
          usage: Callable[[str, str], float | None] | None = None,
          class_label: str = CLASS_LABEL,
-         inventory: Iterable[dict[str, str]] = ()) -> tuple[list[Candidate], list[str]]:
+         inventory: Iterable[dict[str, str]] = (),
+         suspects: Iterable[Any] = ()) -> tuple[list[Candidate], list[str]]:
     """The BE pods that may be evicted, best victim first, and why each other pod is not one.
 
     Only a pod that is BE by the API and not LS by the node's inventory is ever a candidate.
+    `suspects` (core/suspects.py, first first) put the pods they name ahead of the others.
     """
+    suspected = {}
+    for suspect in suspects:
+        uid = suspect.workload.get("pod_uid")
+        if uid and uid not in suspected:
+            clue = suspect.clues[0].text if suspect.clues else ""
+            suspected[uid] = (suspect.rank, f"suspect #{suspect.rank} (score "
+                                            f"{suspect.score:.2f}{': ' + clue if clue else ''})")
     ls_in_inventory = {w.get("pod_uid") for w in inventory
                        if w.get("pod_uid") and w.get("class") != BE}
     candidates: list[Candidate] = []
@@ -154,10 +167,12 @@ def rank(pods: Iterable[Any], resource: str, now_ns: int,
         started = (pod.status.start_time if pod.status else None) or \
             pod.metadata.creation_timestamp
         up_s = max(0.0, now_ns / 1e9 - started.timestamp()) if started else 0.0
+        rank_of, why = suspected.get(pod.metadata.uid or "", (0, ""))
         candidates.append(Candidate(pod.metadata.namespace, pod.metadata.name,
                                     pod.metadata.uid or "", pod.spec.priority or 0, amount,
-                                    source, up_s))
-    candidates.sort(key=lambda c: (c.priority, -(c.usage or 0.0), c.up_s, c.ref))
+                                    source, up_s, rank_of, why))
+    candidates.sort(key=lambda c: (c.suspect or len(suspected) + 1, c.priority,
+                                   -(c.usage or 0.0), c.up_s, c.ref))
     return candidates, left_out
 
 
@@ -184,7 +199,8 @@ def _age(seconds: float) -> str:
 
 def reasons(candidate: Candidate, resource: str) -> str:
     """`priority 0, cpu 1.8 cores, up 3m`: what put the pod where it is in the ranking."""
-    parts = [f"priority {candidate.priority}"]
+    parts = [candidate.why_suspect] if candidate.why_suspect else []
+    parts.append(f"priority {candidate.priority}")
     if resource:
         if candidate.source == "usage" and candidate.usage is not None:
             parts.append(f"{resource} {_amount(resource, candidate.usage)}")
@@ -272,7 +288,7 @@ class Evict(KubeStep):
         except Exception as exc:
             return self._failed(exc, "listing the node's pods")
         candidates, left_out = rank(pods, ctx.resource, ctx.now_ns, self.env.usage,
-                                    self.class_label, ctx.inventory())
+                                    self.class_label, ctx.inventory(), ctx.suspects)
         lines = ranking_text(candidates, ctx.resource)
         undo: dict[str, Any] = {"ranking": lines, "left_out": left_out}
         contended = f"contended: {ctx.resource}" if ctx.resource else "contended resource unknown"

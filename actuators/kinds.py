@@ -75,4 +75,8 @@ class StepFactory:
 
     def check(self, spec: StepSpec) -> None:
         """Refuse an unknown kind or bad params: the policy loader's `validate_step`."""
-        self.type_of(spec.step)(dict(spec.params), self.env)
+        kind = self.type_of(spec.step)
+        if spec.target == "suspects" and not getattr(kind, "per_workload", False):
+            raise ValueError(f"{spec.step} does not act on BE workloads one by one, so it has "
+                             "no `target: suspects` (the cgroup levers have)")
+        kind(dict(spec.params), self.env)

@@ -49,12 +49,14 @@ from sloguard.actuators.step import (
     StepResult,
 )
 from sloguard.core.incidents import FIRING, ActionRecord, Incident
+from sloguard.core.suspects import suspects_of
 
 log = logging.getLogger(__name__)
 
 SAFE_WHEN_STALE = ("notify", "cordon")  # all that stale metrics may ever trigger
 RUNNING = "running"  # a step on the API worker: its rung waits for the outcome
 BACKOFF_S = (5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+TARGETS_KEY = "_suspects"  # in a suspect rung's undo record: the cgroups it was narrowed to
 
 
 def backoff_ns(attempts: int) -> int:
@@ -413,6 +415,31 @@ class Ladder:
             ctx.intend = intend
         return ctx
 
+    def _narrowing(self, policy: str, rung: Rung, incident: Incident
+                   ) -> tuple[tuple[str, ...] | None, tuple[str, ...], str]:
+        """A `target: suspects` rung's BE workloads: (only, exclude, why). A suspect rung
+        takes the incident's suspect of its rank among those its sibling rungs do not hold
+        already (the ranking may have changed since they were applied); the rest rung takes
+        every BE workload they do not hold. Disjoint targets, so each rung's own record undoes
+        exactly what it did, in any order."""
+        if not rung.widening:
+            return None, (), ""
+        held: list[str] = []
+        for row in self.ledger.rungs(policy):
+            if row.rung in rung.siblings and row.status in (DONE, PROPOSED, RUNNING):
+                held += [c for c in row.undo.get(TARGETS_KEY, []) if isinstance(c, str)]
+        if rung.widening == "rest":
+            return None, tuple(held), (
+                f"the rest of the BE tier (the suspects {', '.join(held)} are held by the "
+                "rungs before)" if held else "the whole BE tier (no suspect was acted on)")
+        ranked = [s for s in suspects_of(incident) if s.cgroup not in held]
+        if rung.suspect > len(ranked) + len(held) or not ranked:
+            return (), (), (f"no suspect #{rung.suspect}: the incident has "
+                            f"{len(ranked) + len(held)} (docs/attribution.md)")
+        chosen = ranked[0]
+        return (chosen.cgroup,), (), (f"suspect #{chosen.rank} {chosen.name} (score "
+                                      f"{chosen.score:.2f}, {chosen.resource or 'resource ?'})")
+
     def _apply(self, policy: Policy, rung: Rung, incident: Incident, now_ns: int,
                attempts: int, reason: str, first_ns: int | None = None) -> StepResult:
         spec = rung.spec
@@ -516,15 +543,30 @@ class Ladder:
         `_reconcile` (a step that can tell later whether its change happened)."""
         spec = rung.spec
         announced: list[dict[str, Any]] = []
+        only, exclude, narrowed = self._narrowing(policy, rung, incident)
+        # a suspect rung's intent names its suspects too: a change it dies in is adopted with
+        # them, so its sibling rungs still know whom it holds
+        held = {TARGETS_KEY: list(only)} if only else {}
 
         def intend(undo: dict[str, Any]) -> None:
             self.ledger.intend(Intent(policy, rung.index, spec.step, incident.id, spec.record(),
-                                      undo, now_ns))
+                                      {**undo, **held}, now_ns))
             announced[:] = [undo]
 
         ctx = self._context(incident.id, dry_run, now_ns, reason,
                             incident.labels.get("resource", ""), intend)
+        ctx.only, ctx.exclude = only, exclude
+        ctx.suspects = suspects_of(incident)
+        if ctx.only == ():
+            return StepResult(SKIPPED, f"node/{self.node}", narrowed), False
         result = self._run(spec, lambda step: step.apply(ctx))
+        if narrowed:
+            # the target names the narrowing: sibling rungs of one lever hold different
+            # cgroups, and must not take each other for "the same lever held twice" on undo
+            result.detail = f"{narrowed}: {result.detail}"
+            result.target += f" [{', '.join(ctx.only)}]" if ctx.only else " [rest of the tier]"
+            if ctx.only:
+                result.undo[TARGETS_KEY] = list(ctx.only)
         # a step that announced a change and did not end in force (failed part-way, or
         # skipped after a first write: cpuset enabled in a parent, then the target gone) has
         # what it changed undone from its last intent
@@ -603,7 +645,8 @@ class Ladder:
                   row.target and (r.spec or {}).get("params", {}) == params
                   and (r.policy, r.rung) != (row.policy, row.rung) and r.status == DONE]
         ctx = self._context(row.incident, row.dry_run or row.status == PROPOSED, now_ns, reason)
-        recorded = {k: v for k, v in row.undo.items() if k != "_undo_attempts"}
+        recorded = {k: v for k, v in row.undo.items() if k not in ("_undo_attempts",
+                                                                     TARGETS_KEY)}
 
         def work() -> StepResult:
             if row.status == DONE and others:

@@ -55,6 +55,7 @@ def _limit(text: str | None) -> int | None:
 
 class MemoryLimit:
     kind: ClassVar[str] = "memory_limit"
+    per_workload: ClassVar[bool] = True  # targets ctx.be_workloads(): `target: suspects`
 
     def __init__(self, params: dict[str, Any], env: ActuatorEnv) -> None:
         reject_unknown(params, {"factor", "min_bytes", "v1"}, self.kind)

@@ -46,6 +46,7 @@ from sloguard.core.watched import WatchedFiles
 from sloguard.core.yamlfile import YamlFileError, load_model, nearest
 
 SUPPRESS = "suppress"
+DEFAULT_SUSPECTS = 2
 
 
 class StepSpec(BaseModel):
@@ -73,9 +74,22 @@ class StepSpec(BaseModel):
         None, description="suppress only: `learned` (default) tries the levers that ended "
                           "interference on this node first; `written` always keeps the order "
                           "of `levers`")
+    target: Literal["tier", "suspects"] | None = Field(
+        None, description="a cgroup lever's targets: `tier` (default) every BE workload; "
+                          "`suspects` the incident's first suspect alone, then the next (each "
+                          "after a hold, while interference persists), then the rest of the "
+                          "BE tier (docs/attribution.md)")
+    suspects: int | None = Field(
+        None, ge=1, le=5, description="with `target: suspects`: how many suspects are taken "
+                                      "one at a time before the rest of the tier (default 2)")
 
     @model_validator(mode="after")
     def _levers(self) -> StepSpec:
+        if self.suspects is not None and self.target != "suspects":
+            raise ValueError("`suspects` counts the suspects of `target: suspects`; this step "
+                             "targets the whole BE tier")
+        if self.target is not None and self.step == SUPPRESS:
+            raise ValueError("`target` goes on each lever, not on the suppress step")
         if self.hold is not None and self.step != SUPPRESS:
             raise ValueError(f"only a suppress step has `hold` (the time each of its levers is "
                              f"given); {self.step} waits only its `after`")
@@ -95,8 +109,14 @@ class StepSpec(BaseModel):
         """The rung as the ledger keeps it. A rung is never a suppress step, so `hold` and
         `order` are left out: an agent rolled back to a version without them can still undo
         what is in force."""
-        return self.model_dump(exclude={name for name in ("hold", "order")
+        return self.model_dump(exclude={name for name in ("hold", "order", "target", "suspects")
                                         if getattr(self, name) is None} or None)
+
+    @property
+    def widened(self) -> int:
+        """With `target: suspects`, how many suspects come one by one before the tier; 0
+        when the step targets the tier."""
+        return (self.suspects or DEFAULT_SUSPECTS) if self.target == "suspects" else 0
 
 
 class PolicySpec(BaseModel):
@@ -130,6 +150,17 @@ class Rung:
     index: int
     spec: StepSpec
     lever_group: int | None = None  # rungs of one suppress step share it; learned order
+    # `target: suspects`: this rung takes the incident's suspect of this rank (1-based) not
+    # already under its siblings; 0 with `siblings`: the rest of the BE tier after them
+    suspect: int = 0
+    siblings: tuple[int, ...] = ()  # the other rungs of the same widening lever
+
+    @property
+    def widening(self) -> str:
+        """"suspect", "rest" or "" (a rung that targets the whole tier as written)."""
+        if not self.siblings:
+            return ""
+        return "suspect" if self.suspect else "rest"
 
 
 @dataclass(frozen=True)
@@ -152,7 +183,7 @@ class Policy:
         out: list[Rung] = []
         for position, spec in enumerate(self.spec.steps):
             if spec.step != SUPPRESS:
-                out.append(Rung(len(out), spec))
+                self._add(out, spec, None, spec.after, position)
                 continue
             levers = list(spec.levers)
             if lever_order and spec.order != "written":
@@ -167,8 +198,27 @@ class Policy:
                     after = spec.hold
                 merged = lever.model_copy(update={"after": after,
                                                   "dry_run": lever.dry_run or spec.dry_run})
-                out.append(Rung(len(out), merged, lever_group=position))
+                self._add(out, merged, position, spec.hold if spec.hold is not None
+                          else spec.after, position)
         return out
+
+    @staticmethod
+    def _add(out: list[Rung], spec: StepSpec, group: int | None, hold: float,
+             position: int) -> None:
+        """One rung; a `target: suspects` lever as several: its first suspect, each next one
+        after `hold`, then the rest of the tier after `hold`. They form a lever group (one
+        applied per tick, the next at once when one had no suspect to act on)."""
+        if not spec.widened:
+            out.append(Rung(len(out), spec, lever_group=group))
+            return
+        first = len(out)
+        indices = tuple(range(first, first + spec.widened + 1))
+        group = position if group is None else group
+        for k in range(spec.widened + 1):
+            step = spec if k == 0 else spec.model_copy(update={"after": hold})
+            out.append(Rung(first + k, step, lever_group=group,
+                            suspect=k + 1 if k < spec.widened else 0,
+                            siblings=tuple(i for i in indices if i != first + k)))
 
 
 def load_policy_file(path: Path, validate_step: Any = None) -> list[Policy]:

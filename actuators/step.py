@@ -24,6 +24,10 @@ ladder (actuators/ladder.py) decides when a step runs, this contract says what a
   "proposed"): shadow mode, so operators can read what the guardrail would have done.
 - A step acts only on best-effort workloads: `ctx.be_workloads()` is the only way a step learns
   its targets, and it never yields an LS workload (tests/test_actuator_safety.py).
+- `per_workload = True` (a class attribute) says the step acts on `ctx.be_workloads()` one by
+  one, so a policy may give it `target: suspects`: the ladder then narrows `be_workloads()` to
+  the incident's suspects (`ctx.only`), and the step writes their own cgroups
+  (`ctx.narrowed`), never a parent that also holds innocent workloads.
 
 Dependency-free: steps import what they need (the kubernetes client, cgroup files) themselves.
 """
@@ -58,10 +62,25 @@ class StepContext:
     # write-ahead: record what is about to change (see the module's docstring); the ladder's
     # raises when the ledger cannot be written
     intend: Callable[[dict[str, Any]], None] = lambda undo: None
+    # a `target: suspects` rung (docs/attribution.md): the BE workloads (cgroups) it is limited
+    # to, and the ones its sibling rungs already hold; None / empty: the whole tier
+    only: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] = ()
+    # the incident's suspects, first first (core/suspects.py: Suspect): eviction ranks by them
+    suspects: list[Any] = field(default_factory=list)
 
     def be_workloads(self) -> list[dict[str, str]]:
-        """The best-effort workloads on this node: the only targets a step may touch."""
-        return [dict(w) for w in self.inventory() if w.get("class") == BE]
+        """The best-effort workloads this step may touch now: the node's BE workloads, or the
+        ones a `target: suspects` rung is narrowed to."""
+        return [dict(w) for w in self.inventory() if w.get("class") == BE
+                and (self.only is None or w.get("cgroup") in self.only)
+                and w.get("cgroup") not in self.exclude]
+
+    @property
+    def narrowed(self) -> bool:
+        """True for a rung limited to named suspects: a lever must then write their own
+        cgroups, never a parent that holds the innocent ones too."""
+        return self.only is not None
 
 
 @dataclass

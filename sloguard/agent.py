@@ -32,6 +32,8 @@ from sloguard.core.incidents import Incident
 from sloguard.core.samples import Sample
 from sloguard.core.selfmetrics import AgentMetrics, forward_metrics
 from sloguard.core.units import format_duration
+from sloguard.detector.attribution.attributor import Attributor
+from sloguard.detector.attribution.case import as_reader
 from sloguard.detector.engine import Engine
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
@@ -91,6 +93,9 @@ class Agent:
             on_evaluation=lambda rule, result: self.metrics.rule_evaluations.labels(
                 rule, result).inc(),
         )
+        self.attributor = Attributor(
+            settings.attribution, as_reader(self.store),
+            self.cgroups.workloads if self.cgroups else (lambda: []), self.engine.save)
         self._calls: queue.SimpleQueue[tuple[Any, Future]] = queue.SimpleQueue()
         self.alerting = self._build_alerting(data_dir)
         self.silences = self.alerting.silences
@@ -269,6 +274,7 @@ class Agent:
         self.alerting.stop()  # what is not yet delivered stays in the outbox for the next run
         self.store.close()
         self.ladder.close()  # an API call under way ends within its timeout
+        self.attributor.close()
         self.incidents.close()
         self.ledger.close()
         self.alerting.db.close()
@@ -383,6 +389,10 @@ class Agent:
         if mono >= self._next_reload:
             self._reload_rules()
         self.engine.evaluate(now_ns, mono_ns)
+        try:  # before the ladder: a rung that targets suspects acts on this tick's
+            self.attributor.tick(now_ns, self.engine.firing())
+        except Exception:
+            log.exception("attribution failed")
         try:
             self.ladder.tick(now_ns, self.engine.firing(), mono_ns)
         except Exception:  # recorded per step; this is the ladder's own bug, never the loop's
@@ -539,6 +549,7 @@ class Agent:
         store.details["buffered_samples"] = len(self._buffer)
         self._thread_fields(store)
         out.append(store)
+        out.append(self.attributor.status())
         unsaved = self.engine.unsaved
         out.append(ComponentStatus(
             "incidents", ok=not unsaved,

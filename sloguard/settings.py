@@ -33,7 +33,7 @@ from sloguard.core.config import (
     secret_sources,
     yaml_source,
 )
-from sloguard.detector.config import DetectorsConfig, RulesConfig
+from sloguard.detector.config import AttributionConfig, DetectorsConfig, RulesConfig
 from sloguard.forwarder import ForwardConfig
 from sloguard.store.config import IncidentsConfig, StoreConfig
 from sloguard.ui.config import ServerConfig, UiConfig
@@ -55,6 +55,7 @@ class Settings(BaseSettings):
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
     rules: RulesConfig = Field(default_factory=RulesConfig)
     detectors: DetectorsConfig = Field(default_factory=DetectorsConfig)
+    attribution: AttributionConfig = Field(default_factory=AttributionConfig)
     actuators: ActuatorsConfig = Field(default_factory=ActuatorsConfig)
     app_latency: AppLatencyConfig = Field(default_factory=AppLatencyConfig)
     slos: Annotated[list[SloConfig], AfterValidator(unique_slos)] = Field(default_factory=list)

@@ -306,6 +306,13 @@ def test_message_content_evidence_actions_plan_link_and_escaping(slack, pipeline
                          planned=lambda i: ["suppress after 15s more", "evict after 1m more"])
     item = incidents.add(incident(1, pod="<!channel> web&<b>", severity="critical"))
     item.annotations["runbook"] = "x"
+    from sloguard.core.suspects import Clue, Suspect
+
+    item.suspects = [Suspect("/kubepods/besteffort/podx", 0.91, 1, "cpu",
+                             {"pod": "<@U1> etl", "namespace": "batch"},
+                             [Clue("runqueue_blame", 0.9, "cpu", "LS waited 40 ms <b>")]
+                             ).to_dict(),
+                     Suspect("/be/b", 0.2, 2, "io", {"workload": "backup"}).to_dict()]
     act(item, T0 + 5 * S, "notify", "done")  # the hand-over is the message itself: not shown
     act(item, T0 + 6 * S, "cordon")
     run(alerting, incidents, T0, T0 + 10 * S)
@@ -318,6 +325,8 @@ def test_message_content_evidence_actions_plan_link_and_escaping(slack, pipeline
     assert "*Actions:* cordon proposed (dry-run) node/worker-7 at" in section
     assert "notify" not in section
     assert "*Planned:* suppress after 15s more; evict after 1m more" in section
+    assert ("*Suspects:* 1. `batch/&lt;@U1&gt; etl` 0.91 cpu (LS waited 40 ms &lt;b&gt;); "
+            "2. `backup` 0.20 io") in section
     assert "<https://sloguard.example/incidents/inc-001|Open incident inc-001>" in section
     assert "&lt;!channel&gt; web&amp;&lt;b&gt;" in section and "<!channel>" not in section
     context = post.blocks[-1]["elements"][0]["text"]

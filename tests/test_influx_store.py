@@ -412,3 +412,26 @@ def test_a_batch_over_the_servers_body_limit_is_split(make_influx_server, tmp_pa
         assert store.points_rejected == 0
     finally:
         store.close()
+
+
+def test_series_reads_are_those_of_the_embedded_store(store_pair):
+    """`read_series` (what attribution reads): InfluxDB by its samples grouped, the embedded
+    store by its rows grouped; the same series, times and values either way."""
+    from sloguard.store import read_series
+
+    influx, embedded = store_pair
+    samples = _synthetic()
+    influx.write(samples)
+    embedded.write(samples)
+    assert influx.flush(20), influx.status()
+    query = WindowQuery("container_cpu", T0, T0 + 60 * S, fields=("usage_cores",))
+
+    def key(found):
+        return sorted((tuple(sorted(tags.items())), list(times), list(values))
+                      for tags, times, values in found)
+
+    got, expected = read_series(influx, query), read_series(embedded, query)
+    assert expected and key(got) == key(expected)
+    assert all(times == sorted(times) for _, times, _ in expected)
+    with pytest.raises(ValueError, match="one field"):
+        read_series(embedded, WindowQuery("container_cpu", T0, T0 + S))

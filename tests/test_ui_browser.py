@@ -163,3 +163,55 @@ groups:
         [incident] = agent.incidents.query(rule="LevelShift")
         body = httpx.get(f"{url}/api/incidents/{incident.id}/series", timeout=10).json()
         assert body["changes"] == [(start + 100 * S) / 1e9]  # the first point of the new level
+
+
+def test_the_suspects_table_and_their_signals_chart(tmp_path):
+    """An incident with suspects: the page lists them with every clue, and charts the first
+    suspects' CPU against the LS signal (the data from /api/incidents/{id}/suspects/series)."""
+    need(_chromium() is not None, "Debian's chromium is not installed "
+                                  "(scripts/browser-testenv.sh installs it)")
+    import httpx
+    from playwright.sync_api import sync_playwright
+    from support.uiserver import feed
+
+    be = {"/be/antagonist": lambda s: 1.9 if s >= 40 else 0.0,
+          "/be/napper": lambda s: 0.02}
+    hostile = '<img src=x onerror="window.__xss=3">antagonist'  # a pod name is anyone's
+    name = {"/be/antagonist": hostile, "/be/napper": "napper"}
+    with served_agent(tmp_path, history=False) as (agent, url):
+        start = time.time_ns() - 120 * S
+        agent.store.write([Sample("container_cpu", {"node": agent.node, "cgroup": cg,
+                                                    "class": "BE", "level": "cgroup",
+                                                    "workload": name[cg]},
+                                  {"usage_cores": f(s)}, start + s * S)
+                           for cg, f in be.items() for s in range(70)])
+        feed(agent, "web-1", [40.0 if s >= 40 else 2.0 + (s % 3) for s in range(70)], start)
+        agent.attributor.inventory = lambda: [
+            {"cgroup": cg, "class": "BE", "level": "cgroup", "workload": name[cg]} for cg in be]
+        agent.attributor.tick(start + 70 * S, agent.engine.firing())
+        [incident] = agent.incidents.query(rule="LSSlow")
+        assert incident.suspects and incident.suspects[0]["cgroup"] == "/be/antagonist"
+        body = httpx.get(f"{url}/api/incidents/{incident.id}/suspects/series",
+                         timeout=10).json()
+        assert body["error"] == "" and body["suspects"][0]["name"] == hostile
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1280, "height": 1400})
+            page.goto(f"{url}/incidents/{incident.id}")
+            rows = page.locator("#suspects tbody tr")
+            assert hostile in rows.nth(0).inner_text()  # shown as text
+            assert "co_movement" in rows.nth(0).inner_text()
+            page.wait_for_function("window.sloguardSuspectsChart && "
+                                   "window.sloguardSuspectsChart.drawn", timeout=10000)
+            drawn = page.evaluate("""() => {
+                const c = window.sloguardSuspectsChart;
+                return {series: c.chart.series.length, points: c.data.x.length,
+                        canvas: document.querySelectorAll('#suspects-chart canvas').length};
+            }""")
+            assert drawn["series"] == 2 + len(body["suspects"]) and drawn["points"] >= 60
+            assert drawn["canvas"] >= 1
+            assert hostile in page.locator("#suspects-chart").inner_text()  # the legend
+            assert page.evaluate("() => window.__xss") is None
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "incident-suspects.png"), full_page=True)
+            browser.close()

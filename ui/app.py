@@ -209,6 +209,25 @@ def create_app(agent: NodeView, manage_lifecycle: bool = True) -> FastAPI:
             raise HTTPException(404, "no such incident")
         return incident_chart(agent.store, incident, time.time_ns())
 
+    @app.get("/api/incidents/{incident_id}/suspects/series", tags=["incidents"],
+             responses=NOT_FOUND)
+    def suspects_series(incident_id: str) -> dict[str, Any]:
+        """The LS signal and the first suspects' own signals (CPU, block I/O or memory
+        pressure, by the resource their evidence points at) on one-second columns, from
+        `attribution.lookback` before the incident: what the incident page plots beside the
+        suspects."""
+        incident = agent.incidents.get(incident_id)
+        if incident is None:
+            raise HTTPException(404, "no such incident")
+        if agent.store is None:
+            return {"x": [], "ls": [], "suspects": [], "error": "the cluster server keeps no "
+                    f"samples: the chart is on node {incident.node}'s agent"}
+        from sloguard.detector.attribution.case import as_reader
+        from sloguard.detector.attribution.chart import suspects_chart
+
+        return suspects_chart(as_reader(agent.store), incident, time.time_ns(),
+                              agent.settings.attribution.lookback)
+
     @app.post("/api/incidents/{incident_id}/ack", tags=["incidents"],
               responses={**NOT_FOUND, **CHANGE_ERRORS})
     def acknowledge(incident_id: str, body: ChangeBody, request: Request) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Block Kit messages: what an SRE needs in the channel without opening anything else.
 
 For each alert of a group: severity, node, rule, the evidence (the latest value against its
-threshold, the peak, and since when it fires), the actions taken and the ones the policy has
+threshold, the peak, and since when it fires), the BE suspects it is attributed to (the first
+with its strongest clue), the actions taken and the ones the policy has
 planned next, and a link to the incident in the web UI. Everything that comes from the
 cluster or a rule is escaped for mrkdwn (`&`, `<`, `>`), so a pod name cannot inject a link
 or a mention. Slack's limits (50 blocks, 3000 characters a section, 150 a header) are kept by
@@ -18,9 +19,11 @@ from typing import Any
 from sloguard.actuators.alerting.alerts import Alert, shown_actions
 from sloguard.actuators.alerting.grouping import FIRST, REPEAT, RESOLVED, Change, Flush
 from sloguard.core.incidents import Incident
+from sloguard.core.suspects import suspects_of
 from sloguard.core.units import format_duration
 
 MAX_DETAILED = 8
+SHOWN_SUSPECTS = 3
 SECTION_LIMIT = 2900
 HEADER_LIMIT = 150
 TEXT_LIMIT = 3000
@@ -126,6 +129,13 @@ class Renderer:
             if because:
                 evidence.append(escape(because))
         lines.append("*Evidence:* " + " · ".join(evidence))
+        suspects = suspects_of(i)[:SHOWN_SUSPECTS] if alert.firing else []
+        if suspects:
+            lines.append("*Suspects:* " + "; ".join(
+                f"{s.rank}. `{escape(s.name)}` {s.score:.2f}"
+                + (f" {escape(s.resource)}" if s.resource else "")
+                + (f" ({escape(s.clues[0].text)})" if s.clues and s.rank == 1 else "")
+                for s in suspects))
         actions = shown_actions(i)
         if actions:
             lines.append("*Actions:* " + "; ".join(

@@ -1,4 +1,4 @@
-"""One way in for every extension point: detectors, steps (levers) and collectors.
+"""One way in for every extension point: detectors, steps (levers), collectors, scorers.
 
 Each extension point is a pluggy hook that returns classes, each with a unique name (its `name`
 attribute, `kind` for steps: what rule files, policies and the config write). Its built-ins are
@@ -12,6 +12,7 @@ others, and a name it would have provided says why it is missing.
     detectors         sloguard_detectors    sloguard.detectors     sloguard.detector.api
     steps             sloguard_steps        sloguard.steps         sloguard.actuators.step
     collectors        sloguard_collectors   sloguard.collectors    sloguard.collectors.base
+    suspect scorers   sloguard_suspect_scorers  sloguard.scorers   sloguard.detector.attribution.api
 """
 
 from __future__ import annotations

@@ -83,6 +83,10 @@ class Incident:
     policy: str = ""  # the escalation policy this incident drives, from its rule
     # what was watched: measurement, field, expr, aggregate, window (for charts and backtests)
     signal: dict[str, str] = field(default_factory=dict)
+    # the BE workloads the slowdown is attributed to, first suspect first (core/suspects.py:
+    # Suspect.to_dict), and when they were last ranked; empty while none were
+    suspects: list[dict[str, Any]] = field(default_factory=list)
+    suspects_ns: int | None = None
 
     def add_evidence(self, item: Evidence) -> None:
         """Keep the first crossing and the most recent observations within a bound."""

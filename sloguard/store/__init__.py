@@ -74,3 +74,32 @@ class Store(Protocol):
     def status(self) -> ComponentStatus: ...
 
     def close(self) -> None: ...
+
+
+Series = tuple[dict[str, str], list[int], list[float]]  # tags, times (ns), values
+
+
+def read_series(store: Store, query: WindowQuery) -> list[Series]:
+    """One field's raw window per series, as (tags, times, values) in time order, without
+    pandas and without a Sample per point: what a reader that bins hundreds of series needs
+    (detector/attribution/: one ranking over 100 cgroups read 70,000 points). The store's own
+    `read_series` when it has one (the embedded store: its rows, grouped), else `read_samples`
+    grouped by tags."""
+    if len(query.fields or ()) != 1:
+        raise ValueError("read_series reads one field")
+    own = getattr(store, "read_series", None)
+    if own is not None:
+        return own(query)
+    (name,) = query.fields or ()
+    grouped: dict[tuple, Series] = {}
+    for sample in store.read_samples(query):
+        value = sample.fields.get(name)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        key = tuple(sorted(sample.tags.items()))
+        found = grouped.get(key)
+        if found is None:
+            found = grouped[key] = (sample.tags, [], [])
+        found[1].append(sample.time_ns)
+        found[2].append(float(value))
+    return list(grouped.values())

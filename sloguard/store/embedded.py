@@ -346,6 +346,23 @@ class EmbeddedStore:
                 out.append(Sample(query.measurement, dict(series[sid]), fields, ts))
         return out
 
+    def read_series(self, query: WindowQuery) -> list[tuple[dict[str, str], list[int],
+                                                         list[float]]]:
+        """One field's window per series (store/__init__.py's `read_series`): the rows
+        grouped, with no per-point objects."""
+        rows, series, _ = self._rows(query, "mean")
+        grouped: dict[int, tuple[dict[str, str], list[int], list[float]]] = {}
+        for sid, ts, *values in sorted(rows, key=lambda row: row[1]):
+            value = values[0] if values else None
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                continue
+            found = grouped.get(sid)
+            if found is None:
+                found = grouped[sid] = (dict(series[sid]), [], [])
+            found[1].append(ts)
+            found[2].append(float(value))
+        return list(grouped.values())
+
     # -- retention -----------------------------------------------------------------------
 
     def maintain(self, now_ns: int) -> None:

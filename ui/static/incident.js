@@ -1,6 +1,23 @@
 // The incident chart: the triggering series, the threshold it was judged against, the firing
 // period shaded and every action marked. Data comes from /api/incidents/{id}/series; every
 // string is drawn on the canvas or set as textContent, never parsed as HTML.
+// A dashed vertical marker with its label, on a uPlot canvas (both charts use it).
+function sloguardMarker(u, t, colour, label, y) {
+  const ctx = u.ctx;
+  const x = u.valToPos(t, "x", true);
+  ctx.save();
+  ctx.font = `${Math.round(11 * devicePixelRatio)}px system-ui, sans-serif`;
+  ctx.strokeStyle = colour;
+  ctx.setLineDash([2, 3]);
+  ctx.beginPath();
+  ctx.moveTo(x, u.bbox.top);
+  ctx.lineTo(x, u.bbox.top + u.bbox.height);
+  ctx.stroke();
+  ctx.fillStyle = colour;
+  ctx.fillText(label, x + 4, y);
+  ctx.restore();
+}
+
 (function () {
   "use strict";
   const box = document.getElementById("chart");
@@ -26,15 +43,8 @@
           ctx.save();
           ctx.font = `${Math.round(11 * devicePixelRatio)}px system-ui, sans-serif`;
           (data.changes || []).forEach((t) => {  // where a change-point detector saw the shift
-            const x = u.valToPos(t, "x", true);
-            ctx.strokeStyle = "#8250df";
-            ctx.setLineDash([2, 3]);
-            ctx.beginPath();
-            ctx.moveTo(x, u.bbox.top);
-            ctx.lineTo(x, u.bbox.top + u.bbox.height);
-            ctx.stroke();
-            ctx.fillStyle = "#8250df";
-            ctx.fillText("change point", x + 4, u.bbox.top + u.bbox.height - 6 * devicePixelRatio);
+            sloguardMarker(u, t, "#8250df", "change point",
+                           u.bbox.top + u.bbox.height - 6 * devicePixelRatio);
           });
           data.actions.forEach((a, n) => {
             const x = u.valToPos(a.t, "x", true);
@@ -81,4 +91,44 @@
       box.dataset.points = String(data.x.length);
     })
     .catch((err) => { note.textContent = "cannot load the series: " + err; });
+})();
+
+// The suspects' chart: the LS signal (left axis) against the first suspects' own signals
+// (right axis: CPU cores, block I/Os or memory pressure, as each one's evidence points), from
+// /api/incidents/{id}/suspects/series; the onset marked. Text is drawn, never parsed as HTML.
+(function () {
+  "use strict";
+  const box = document.getElementById("suspects-chart");
+  const note = document.getElementById("suspects-chart-note");
+  if (!box) return;
+  const colours = ["#b3261e", "#bf8700", "#8250df"];
+
+  fetch(box.dataset.seriesUrl)
+    .then((r) => r.json())
+    .then((data) => {
+      window.sloguardSuspectsChart = { data: data, drawn: false };
+      if (data.error) note.textContent = data.error;
+      if (!data.x.length) return;
+      const units = [...new Set(data.suspects.map((s) => s.unit))].join(", ");
+      const series = [{}, { label: "LS " + (data.ls_label || "signal"), stroke: "#1f6feb",
+                            width: 1.5, spanGaps: true, scale: "ls" }];
+      data.suspects.forEach((s, n) => series.push({
+        label: `#${s.rank} ${s.name} (${s.unit})`, stroke: colours[n % colours.length],
+        width: 1.2, spanGaps: true, scale: "be" }));
+      const opts = {
+        width: Math.max(box.clientWidth, 400),
+        height: 280,
+        scales: { x: { time: true } },
+        axes: [{}, { scale: "ls", label: data.ls_label || "LS" },
+               { scale: "be", side: 1, label: units, grid: { show: false } }],
+        series: series,
+        plugins: [{ hooks: { draw: [(u) => sloguardMarker(
+          u, data.onset, "#1d2330", "onset", u.bbox.top + 14 * devicePixelRatio)] } }],
+      };
+      const columns = [data.x, data.ls, ...data.suspects.map((s) => s.values)];
+      window.sloguardSuspectsChart.chart = new uPlot(opts, columns, box);
+      window.sloguardSuspectsChart.drawn = true;
+      box.dataset.points = String(data.x.length);
+    })
+    .catch((err) => { note.textContent = "cannot load the suspects' signals: " + err; });
 })();
