@@ -19,6 +19,7 @@ import time
 from sloguard.collectors.cgroups import CgroupCollector
 
 PID_CACHE_S = 10.0
+WORKLOAD_LEVELS = ("pod", "cgroup")
 
 
 class CgroupAttribution:
@@ -95,6 +96,17 @@ class CgroupAttribution:
         tracked and every tracked ancestor. Empty when the id belongs to no tracked subtree."""
         rel = self._by_id.get(kernel_id) if self.mode == "cgroup" else self._pid_cgroup(kernel_id)
         return () if rel is None else self.charged(rel)
+
+    def workload(self, kernel_id: int) -> str | None:
+        """The workload (pod, or a cgroup outside the kubepods tree) `kernel_id` belongs to:
+        the nearest tracked cgroup at the pod or cgroup level, else the nearest tracked one.
+        What the run-queue blame charges a pair to: a container's threads and its pod's are
+        one suspect."""
+        chain = self.targets(kernel_id)
+        for rel in chain:  # the task's own cgroup first
+            if self._tags[rel].get("level") in WORKLOAD_LEVELS:
+                return rel
+        return chain[0] if chain else None
 
     def charged(self, rel: str) -> tuple[str, ...]:
         """The tracked cgroups at or above the cgroup `rel` (a path in the walked hierarchy)."""

@@ -30,6 +30,7 @@ from sloguard.collectors.cgroup_ids import CgroupAttribution
 from sloguard.collectors.config import EbpfCollectorConfig
 from sloguard.collectors.ebpf_loader import LoadedFamily, LoaderError
 from sloguard.collectors.ebpf_programs import (
+    BLAME_TABLE,
     FAMILIES,
     HIST_VALUE_FORMAT,
     DeviceNames,
@@ -44,6 +45,11 @@ from sloguard.core.samples import Sample
 log = logging.getLogger(__name__)
 
 DEFAULT_KERNEL_SOURCE = "/var/cache/sloguard/bcc-kernel"
+BLAME_MEASUREMENT = "ebpf_runqueue_blame"
+OTHER_CULPRIT = "(other)"  # a runner outside every tracked cgroup (a system daemon, kthreads)
+# The (victim, culprit) pairs written per drain, the largest waits first: pairs are at most
+# (tracked workloads)^2, and one drain must not write more than the rest of a tick.
+MAX_BLAME_PAIRS = 2000
 _CAP_SYS_ADMIN, _CAP_PERFMON, _CAP_BPF = 21, 38, 39
 
 
@@ -99,6 +105,7 @@ class _Program:
     family: Family
     loaded: LoadedFamily
     drainer: MapDrainer
+    tables: dict[str, MapDrainer] = field(default_factory=dict)
 
 
 @dataclass
@@ -106,6 +113,7 @@ class _Counters:
     drains: int = 0
     events: int = 0
     unattributed_events: int = 0
+    blame_pairs_dropped: int = 0
     errors: dict[str, str] = field(default_factory=dict)
 
 
@@ -189,8 +197,10 @@ class EbpfCollector:
         for family in wanted:
             if family.name in loaded:
                 fds = loaded[family.name]
+                tables = {name: MapDrainer(fds.tables[name], key, value)
+                          for name, key, value in family.tables if name in fds.tables}
                 self.programs.append(_Program(family, fds, MapDrainer(
-                    fds.map_fd, family.key_format, HIST_VALUE_FORMAT)))
+                    fds.map_fd, family.key_format, HIST_VALUE_FORMAT), tables))
 
     @property
     def attached(self) -> list[str]:
@@ -206,12 +216,16 @@ class EbpfCollector:
         for program in self.programs:
             try:
                 entries = program.drainer.drain()
+                blame = (program.tables[BLAME_TABLE].drain()
+                         if BLAME_TABLE in program.tables else [])
             except OSError as exc:
                 self.counters.errors[program.family.name] = str(exc)
                 log.warning("eBPF %s: cannot read its map: %s", program.family.name, exc)
                 continue
             self.counters.errors.pop(program.family.name, None)
             self._samples(program.family, entries, now_ns, samples)
+            if blame:
+                self._blame_samples(blame, now_ns, samples)
         self.counters.drains += 1
         return samples
 
@@ -243,6 +257,36 @@ class EbpfCollector:
                                                                                 self.devices))}
                 out.append(Sample(family.measurement, tags, fields, now_ns))
 
+    def _blame_samples(self, entries: list[tuple[tuple[int, ...], tuple[int, ...]]],
+                       now_ns: int, out: list[Sample]) -> None:
+        """The run-queue wait of each non-BE workload, by the workload whose task it waited
+        behind (runqueue.c says how a wait is charged): the culprit evidence of
+        detector/attribution/. A workload's own threads are not its culprit."""
+        workload = self.attribution.workload
+        tags_of = self.attribution.tags
+        pairs: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        for (victim_id, culprit_id), (wait_ns, count) in entries:
+            victim = workload(victim_id)
+            if victim is None or tags_of(victim).get("class") == "BE":
+                continue  # nobody's SLO: a BE job waiting behind another is not interference
+            culprit = workload(culprit_id) or OTHER_CULPRIT
+            if culprit != victim:
+                pair = pairs[(victim, culprit)]
+                pair[0] += wait_ns
+                pair[1] += count
+        ranked = sorted(pairs.items(), key=lambda item: item[1][0], reverse=True)
+        self.counters.blame_pairs_dropped += max(0, len(ranked) - MAX_BLAME_PAIRS)
+        for (victim, culprit), (wait_ns, count) in ranked[:MAX_BLAME_PAIRS]:
+            tags = {**tags_of(victim), "culprit": culprit}
+            if culprit != OTHER_CULPRIT:
+                runner = tags_of(culprit)
+                tags["culprit"] = runner.get("cgroup", culprit)
+                for key in ("class", "pod", "namespace", "workload"):
+                    if key in runner:
+                        tags[f"culprit_{key}"] = runner[key]
+            out.append(Sample(BLAME_MEASUREMENT, tags,
+                              {"wait_us": wait_ns / 1000, "count": count}, now_ns))
+
     # -- health --------------------------------------------------------------------------
 
     def status(self) -> ComponentStatus:
@@ -263,6 +307,7 @@ class EbpfCollector:
             "drains_total": self.counters.drains,
             "events_total": self.counters.events,
             "unattributed_events_total": self.counters.unattributed_events,
+            "blame_pairs_dropped_total": self.counters.blame_pairs_dropped,
             "load_seconds": {p.family.name: round(p.loaded.load_seconds, 3)
                              for p in self.programs},
         }

@@ -41,12 +41,13 @@ class LoadedFamily:
     map_fd: int
     attach_fds: list[int] = field(default_factory=list)
     load_seconds: float = 0.0
+    tables: dict[str, int] = field(default_factory=dict)  # the family's further maps by name
 
     def close(self) -> None:
-        for fd in (*self.attach_fds, self.map_fd):
+        for fd in (*self.attach_fds, *self.tables.values(), self.map_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self.attach_fds = []
+        self.attach_fds, self.tables = [], {}
 
 
 class LoaderError(Exception):
@@ -122,7 +123,10 @@ def _receive(sock: socket.socket, proc: subprocess.Popen, timeout: float,
             detail = first_error(message.get("output", ""))
             failed[name] = message["error"] + (f": {detail}" if detail else "")
         else:
-            loaded[name] = LoadedFamily(name, fds[0], list(fds[1:]), message["load_seconds"])
+            tables = message.get("tables", [])
+            loaded[name] = LoadedFamily(name, fds[0], list(fds[1 + len(tables):]),
+                                        message["load_seconds"],
+                                        dict(zip(tables, fds[1:1 + len(tables)], strict=True)))
 
 
 # ------------------------------------------------------------------------- the child process
@@ -174,12 +178,15 @@ def main(argv: list[str]) -> None:
             with _output_captured() as output:
                 program = bcc.BPF(text=text.encode(), cflags=cflags)
             table = program[family.table.encode()]
-            fds = [table.map_fd, *program.tracepoint_fds.values()]
+            tables = [name for name, _, _ in family.tables]
+            fds = [table.map_fd, *(program[t.encode()].map_fd for t in tables),
+                   *program.tracepoint_fds.values()]
         except Exception as exc:
             _send(sock, {"family": name, "error": str(exc), "output": output.text[-20000:]})
             continue
         keep.append(program)
-        _send(sock, {"family": name, "load_seconds": time.perf_counter() - started}, fds)
+        _send(sock, {"family": name, "load_seconds": time.perf_counter() - started,
+                     "tables": tables}, fds)
     _send(sock, {"done": True})
     sock.close()
     sys.stdout.flush()

@@ -37,6 +37,8 @@ RECLAIM_KINDS = ("direct", "memcg", "compaction")
 
 
 HIST_VALUE_FORMAT = "=64QQ"  # struct hist: u64 slots[64]; u64 sum
+BLAME_TABLE = "rq_blame"  # runqueue.c: (victim id, culprit id) -> (wait_ns, count)
+BLAME_KEY_FORMAT, BLAME_VALUE_FORMAT = "=QQ", "=QQ"
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class Family:
     key_type: str  # its C key type
     key_format: str  # struct layout of that key; the first field is the id
     tracepoints: tuple[tuple[str, str], ...]  # all must exist
+    # further maps the agent drains beside the histogram: (name, key format, value format)
+    tables: tuple[tuple[str, str, str], ...] = ()
 
     def extra_tags(self, extra: tuple[int, ...], devices: DeviceNames) -> tuple[tuple[str, str],
                                                                               ...]:
@@ -63,7 +67,8 @@ class Family:
 
 FAMILIES = (
     Family("runqueue", "ebpf_runqueue", "runqueue.c", "rq_hist", "struct rq_key", "=Q",
-           (("sched", "sched_wakeup"), ("sched", "sched_wakeup_new"), ("sched", "sched_switch"))),
+           (("sched", "sched_wakeup"), ("sched", "sched_wakeup_new"), ("sched", "sched_switch")),
+           ((BLAME_TABLE, BLAME_KEY_FORMAT, BLAME_VALUE_FORMAT),)),
     Family("block_io", "ebpf_block_io", "block_io.c", "io_hist", "struct io_key", "=QII",
            (("block", "block_rq_complete"),)),
     Family("reclaim", "ebpf_reclaim", "reclaim.c", "rc_hist", "struct rc_key", "=QQ",

@@ -76,6 +76,55 @@ def test_runqueue_latency_of_a_loaded_cgroup_is_10x_an_idle_ones(real_cgroups, k
     assert sum(s.fields["count"] for s in node) >= sum(s.fields["count"] for s in loaded + quiet)
 
 
+# An innocent BE job: awake 1 ms in every 50 (2% of a CPU), as a sleepy batch step is.
+NAPPER = ("import time\nwhile True:\n    t = time.perf_counter()\n"
+          "    while time.perf_counter() - t < 0.001: pass\n    time.sleep(0.05)")
+
+
+@pytest.mark.parametrize("key", ["cgroup", "pid"])
+def test_runqueue_blame_names_the_cgroup_an_ls_task_waited_behind(real_cgroups, key):
+    """An LS sleeper shares one CPU with a BE antagonist (CPU hogs) and an innocent BE job
+    that is mostly asleep: the LS task's run-queue wait is charged to the antagonist, hardly
+    to the innocent, never to the LS cgroup itself; BE victims are not written (their waits are
+    nobody's SLO). What detector/attribution/'s runqueue_blame scorer reads."""
+    need_bcc()
+    victim = real_cgroups.create("ls/victim")
+    antagonist, innocent = real_cgroups.create("be/antagonist"), real_cgroups.create("be/innocent")
+    dominate_cpu(real_cgroups, victim, antagonist, innocent)
+    pin = f"import os\nos.sched_setaffinity(0, {{{max(os.sched_getaffinity(0))}}})\n"
+    cgroups, kernel = kernel_collectors(
+        [{"path": antagonist, "class": "BE", "name": "antagonist"},
+         {"path": innocent, "class": "BE", "name": "innocent"},
+         {"path": victim, "class": "LS", "name": "victim"}],
+        key=key, block_io=False, reclaim=False)
+    kernel.start()
+    try:
+        for _ in range(2):  # one CPU for all three: the LS task waits behind whoever runs
+            real_cgroups.spawn(antagonist, pin + HOG)
+        real_cgroups.spawn(innocent, pin + NAPPER)
+        real_cgroups.spawn(victim, pin + SLEEPER)
+        time.sleep(0.5)
+        ticks = run(cgroups, kernel, 5)
+    finally:
+        kernel.close()
+    blamed = of(ticks, "ebpf_runqueue_blame", workload="victim")
+    by_culprit: dict[str, float] = {}
+    for sample in blamed:
+        by_culprit[sample.tags["culprit"]] = (by_culprit.get(sample.tags["culprit"], 0.0)
+                                              + sample.fields["wait_us"])
+        assert sample.fields["count"] >= 1 and sample.tags["class"] == "LS"
+    print(f"LS wait blamed (us over 5 s): {by_culprit}")
+    hog, nap = by_culprit.get(f"/{antagonist}", 0.0), by_culprit.get(f"/{innocent}", 0.0)
+    assert hog > 0.5 * sum(by_culprit.values()), by_culprit
+    assert hog >= 10 * nap, by_culprit
+    assert f"/{victim}" not in by_culprit
+    hog_sample = next(s for s in blamed if s.tags["culprit"] == f"/{antagonist}")
+    assert hog_sample.tags["culprit_class"] == "BE"
+    assert hog_sample.tags["culprit_workload"] == "antagonist"
+    assert not of(ticks, "ebpf_runqueue_blame", workload="antagonist")
+    assert not of(ticks, "ebpf_runqueue_blame", workload="innocent")
+
+
 def test_runqueue_pod_level_merges_its_containers(real_cgroups):
     """Tasks live in container cgroups; the pod-level series must hold all of them."""
     need_bcc()
