@@ -35,7 +35,7 @@ from sloguard.lab.scenario import (
     timeline,
 )
 from sloguard.lab.session import clear_results, load_session
-from sloguard.lab.way import LabStage, Relay, WayResult, shared_cpus, start_redis
+from sloguard.lab.way import LabStage, Relay, WayResult, run_way, shared_cpus, start_redis
 
 ROOT = os.geteuid() == 0
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -53,7 +53,8 @@ def test_shipped_scenarios_load_and_cover_the_issue_antagonists() -> None:
     for name in names:
         spec = load_scenario(find_scenario(name))
         episodes, total = timeline(spec)
-        assert spec.ways == ["baseline", "unguarded", "guarded"]
+        assert spec.ways == (["baseline", "unguarded", "guarded", "guarded-suspects"]
+                             if spec.culprits else ["baseline", "unguarded", "guarded"])
         assert episodes[0].start_s == spec.schedule.quiet
         assert total == pytest.approx(episodes[-1].end_s + spec.schedule.quiet)
 
@@ -133,6 +134,33 @@ def test_delays_quiet_actions_and_percentiles_from_known_records() -> None:
     starts, p99 = p99_timeline(_result("guarded"))
     assert len(starts) == 30 and p99[15] == pytest.approx(5.0, rel=0.01)
     assert p99[5] == pytest.approx(0.1, rel=0.01)
+
+
+def test_an_episode_is_attributed_right_when_its_antagonist_is_the_first_suspect() -> None:
+    """The first incident under a policy in the episode: its first suspect against the
+    episode's antagonists; the innocents' throughput per second; the report's table."""
+    from sloguard.lab.report import attributed, innocent_ratio
+
+    result = _result("guarded")
+    driving = result.incidents[1]
+    driving["suspects"] = [{"cgroup": "/sloguard-lab/be-innocent-sleepy", "rank": 2},
+                           {"cgroup": "/sloguard-lab/be", "rank": 1}]
+    result.innocents = [{"name": "sleepy", "cgroup": "/sloguard-lab/be-innocent-sleepy",
+                         "bogo_ops": 90.0, "seconds": 30.0}]
+    stats = way_stats(result)
+    [episode] = stats.episodes
+    assert episode.suspect == "/sloguard-lab/be" and episode.attributed is True
+    assert stats.innocent_ops_per_s == {"sleepy": 3.0}
+    driving["suspects"] = [{"cgroup": "/sloguard-lab/be-innocent-sleepy", "rank": 1}]
+    assert way_stats(result).episodes[0].attributed is False
+    driving["suspects"] = []
+    assert way_stats(result).episodes[0].attributed is False  # it fired and named nobody
+    free = _result("unguarded")
+    free.innocents = [{"name": "sleepy", "bogo_ops": 120.0, "seconds": 30.0}]
+    spec = load_scenario(find_scenario("culprit"))
+    report = build(spec, {"unguarded": free, "guarded": result})
+    assert innocent_ratio(report, "guarded") == pytest.approx(0.75)
+    assert attributed(report, "guarded") == (0, 1)
 
 
 def test_a_lever_still_in_force_at_an_episode_start_mitigates_it_from_its_first_second() -> None:
@@ -450,6 +478,33 @@ def test_short_lab_run_shows_the_guardrail_working(tmp_path: Path) -> None:
 
 
 @needs_lab
+def test_a_short_culprit_run_names_the_antagonist_not_the_innocents(tmp_path: Path) -> None:
+    """`culprit`'s first episode, shortened, in the unguarded way (the agent in shadow mode
+    still ranks suspects): a cpu antagonist beside two innocent BE jobs in their own cgroups,
+    the agent with its eBPF programs; the antagonist's cgroup is the first suspect, with the
+    run-queue blame among its clues, and the innocents ran all along."""
+    spec = shortened(load_scenario(find_scenario("culprit")), quiet=8, episode=20, episodes=1)
+    spec = spec.model_copy(update={"ways": ["unguarded"]})
+    result = run_way(spec, "unguarded", tmp_path / "unguarded", lambda fraction, way: None)
+    stats = way_stats(result)
+    [episode] = stats.episodes
+    print("first suspect:", episode.suspect, [
+        (s["cgroup"], s["score"], [c["scorer"] for c in s["clues"]])
+        for i in result.incidents for s in i.get("suspects", [])][:6])
+    assert episode.attributed is True, (episode, [i.get("suspects") for i in result.incidents])
+    ranked = next(i for i in result.incidents if i.get("suspects") and i.get("policy"))
+    first = min(ranked["suspects"], key=lambda s: s["rank"])
+    assert first["cgroup"] == "/sloguard-lab/be" and first["resource"] == "cpu"
+    assert "runqueue_blame" in {c["scorer"] for c in first["clues"]}  # eBPF really ran
+    innocents = {s["cgroup"]: s["score"] for s in ranked["suspects"]
+                 if "innocent" in s["cgroup"]}
+    assert all(score < first["score"] / 2 for score in innocents.values()), ranked["suspects"]
+    assert {i["name"] for i in result.innocents} == {"sleepy", "light"}
+    assert all(i["bogo_ops"] > 0 for i in result.innocents), result.innocents
+    assert not pids_in("sloguard-lab/be") and not pids_in("sloguard-lab/be-innocent-sleepy")
+
+
+@needs_lab
 def test_a_second_lab_is_refused_and_leaves_the_first_running(tmp_path: Path) -> None:
     """Labs share their cgroups: a second one (a test, the lever benchmark, another `sloguard
     lab`) would kill the first's processes in its teardown."""
@@ -550,3 +605,30 @@ def test_the_lab_node_is_registered_like_a_colocation_node_and_removed(kube):
         assert api.read_node("someone-elses").metadata.name == "someone-elses"  # left alone
     finally:
         api.delete_node("someone-elses")
+
+
+def test_the_suspects_way_policy_targets_the_suspects_with_every_per_workload_lever(tmp_path):
+    """guarded-suspects' copy of the shipped policies: each per-workload lever at
+    `target: suspects` (widened as docs/attribution.md says), and the copy loads as the
+    agent would load it, with the real steps."""
+    import yaml
+
+    from sloguard.actuators.env import ActuatorEnv
+    from sloguard.actuators.kinds import StepFactory
+    from sloguard.actuators.ledger import Ledger
+    from sloguard.actuators.policy import PolicySet
+    from sloguard.lab.agent import SUSPECT_LEVERS, lab_policies
+
+    folder = lab_policies(tmp_path / "p", kube=False, suspects=True)
+    [policy] = yaml.safe_load((folder / "ls-interference.yaml").read_text())["policies"]
+    levers = [lever for step in policy["steps"] for lever in step.get("levers", [])]
+    assert levers and all(lever.get("target") == "suspects" for lever in levers
+                          if lever["step"] in SUSPECT_LEVERS)
+    factory = StepFactory(ActuatorEnv("node-a", Ledger(tmp_path / "a.db")))
+    policies = PolicySet([str(folder)], validate_step=factory.check)
+    assert policies.reload().ok, policies.errors
+    rungs = policies.get("ls-interference").rungs()
+    widened = [r for r in rungs if r.widening]
+    assert [r.widening for r in widened] == ["suspect", "suspect", "rest"] * 2
+    plain = lab_policies(tmp_path / "q", kube=False)
+    assert "target" not in (plain / "ls-interference.yaml").read_text()

@@ -35,6 +35,8 @@ import yaml
 from sloguard.actuators.config import default_policy_paths
 
 KUBE_STEPS = ("cordon", "reduce_capacity", "evict")
+# the levers a `guarded-suspects` way gives `target: suspects` (the per-workload ones)
+SUSPECT_LEVERS = ("cpu_idle", "cpuset", "cpu_quota", "memory_limit")
 SERVICE = "redis-lab"
 LS_CGROUP = "sloguard-lab/ls"
 BE_CGROUP = "sloguard-lab/be"
@@ -46,26 +48,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def lab_policies(target: Path, kube: bool) -> Path:
+def lab_policies(target: Path, kube: bool, suspects: bool = False) -> Path:
     """The shipped policies, copied; without an API server, the Kubernetes steps in shadow
-    mode."""
+    mode; with `suspects`, every per-workload lever at `target: suspects` (the first
+    suspect, then the next, then the tier: docs/attribution.md)."""
     target.mkdir(parents=True, exist_ok=True)
     for source in default_policy_paths():
         path = Path(source)
         files = sorted(path.glob("*.yaml")) if path.is_dir() else [path]
         for file in files:
             document = yaml.safe_load(file.read_text())
-            if not kube:
-                for policy in document.get("policies", []):
-                    for step in policy.get("steps", []):
-                        if step.get("step") in KUBE_STEPS:
-                            step["dry_run"] = True
+            for policy in document.get("policies", []):
+                for step in policy.get("steps", []):
+                    if not kube and step.get("step") in KUBE_STEPS:
+                        step["dry_run"] = True
+                    for lever in [step, *step.get("levers", [])]:
+                        if suspects and lever.get("step") in SUSPECT_LEVERS:
+                            lever["target"] = "suspects"
             (target / file.name).write_text(yaml.safe_dump(document, sort_keys=False))
     return target
 
 
 def agent_config(workdir: Path, port: int, guarded: bool, slo: Any,
-                 kubeconfig: str | None, node: str, pods: bool = False) -> Path:
+                 kubeconfig: str | None, node: str, pods: bool = False,
+                 be_cgroups: list[tuple[str, str]] | None = None, ebpf: bool = False,
+                 suspects: bool = False) -> Path:
+    """`be_cgroups`: the BE cgroups to declare (path, name); by default the one BE cgroup.
+    `ebpf`: run the eBPF programs (attribution's run-queue blame needs them); off otherwise,
+    as compiling them costs each way several CPU-seconds right before the schedule."""
     token = workdir / "receive.token"
     token.write_text(secrets.token_hex(16))
     # Pods are found as on any node (the kubelet's kubepods, classes from the API); the lab's
@@ -73,7 +83,8 @@ def agent_config(workdir: Path, port: int, guarded: bool, slo: Any,
     cgroups: dict[str, Any] = {"rediscover": "2s"} if pods else {
         "include": [LS_CGROUP.split("/")[0]],
         "declare": [{"path": LS_CGROUP, "class": "LS", "name": "redis"},
-                    {"path": BE_CGROUP, "class": "BE", "name": "stress-ng"}],
+                    *({"path": rel, "class": "BE", "name": name}
+                      for rel, name in be_cgroups or [(BE_CGROUP, "stress-ng")])],
         "rediscover": "2s",
     }
     config = {
@@ -82,14 +93,13 @@ def agent_config(workdir: Path, port: int, guarded: bool, slo: Any,
         "interval": "1s",
         "collectors": {
             "cgroups": cgroups,
-            # the lab's rules do not need eBPF; compiling it at start would cost each way
-            # several CPU-seconds right before the schedule starts
-            "ebpf": {"enabled": False},
+            "ebpf": {"enabled": ebpf},
         },
         "kubernetes": {"enabled": kubeconfig is not None, "kubeconfig": kubeconfig},
         "actuators": {
             "dry_run": not guarded,
-            "policies": [str(lab_policies(workdir / "policies", kubeconfig is not None))],
+            "policies": [str(lab_policies(workdir / "policies", kubeconfig is not None,
+                                          suspects))],
         },
         "app_latency": {"pods": {"enabled": False},
                         "receive": {"enabled": True, "token_file": str(token)}},
@@ -106,11 +116,13 @@ class LabAgent:
 
     def __init__(self, workdir: Path, guarded: bool, slo: Any, kubeconfig: str | None = None,
                  node: str = "sloguard-lab", cpus: set[int] | None = None,
-                 pods: bool = False) -> None:
+                 pods: bool = False, be_cgroups: list[tuple[str, str]] | None = None,
+                 ebpf: bool = False, suspects: bool = False) -> None:
         self.workdir = workdir
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        config = agent_config(workdir, self.port, guarded, slo, kubeconfig, node, pods)
+        config = agent_config(workdir, self.port, guarded, slo, kubeconfig, node, pods,
+                              be_cgroups, ebpf, suspects)
         self.token = (workdir / "receive.token").read_text().strip()
         binary = shutil.which("sloguard", path=str(Path(sys.executable).parent)) or "sloguard"
         self.log = open(workdir / "agent.log", "ab")  # noqa: SIM115 - closed in stop
@@ -145,6 +157,33 @@ class LabAgent:
                     raise RuntimeError(f"the agent did not answer in {timeout:g}s; see "
                                        f"{self.workdir / 'agent.log'}") from None
                 time.sleep(0.2)
+
+    def wait_ebpf(self, timeout: float = 120.0) -> str:
+        """Wait for the eBPF programs to be attached (or refused): they compile in a child
+        process after the agent answers, and a way must not start while they are compiling.
+        What /readyz said in the end (empty: attached)."""
+        deadline = time.monotonic() + timeout
+        reason = "not loaded yet"
+        while time.monotonic() < deadline:
+            try:
+                ready = self.get_any("/readyz")
+            except OSError:
+                ready = {}
+            status = next((c for c in ready.get("components", [])
+                           if c.get("name") == "collector:ebpf"), None)
+            if status is not None:
+                reason = status.get("reason", "")
+                if "not loaded yet" not in reason:
+                    return reason
+            time.sleep(0.5)
+        return reason
+
+    def get_any(self, path: str) -> Any:
+        """Like `get`, but an error status's body too (/readyz answers 503 while not ready)."""
+        try:
+            return self.get(path)
+        except urllib.error.HTTPError as exc:
+            return json.loads(exc.read() or b"null")
 
     def get(self, path: str, **query: Any) -> Any:
         url = self.base + path + ("?" + urllib.parse.urlencode(query) if query else "")

@@ -50,6 +50,10 @@ class EpisodeTiming:
     first_action: str = ""
     p99_ms: float = math.nan  # LS p99 while this episode ran
     carried: bool = False  # a lever still in force from before counted as its first action
+    # attribution: the first suspect of the first incident under a policy that fired in the
+    # episode (its last ranking), and whether it is one of the episode's antagonists
+    suspect: str = ""
+    attributed: bool | None = None
 
 
 @dataclass
@@ -66,6 +70,7 @@ class WayStats:
     send_lag_p99_ms: float
     be_ops_per_s: float
     episodes: list[EpisodeTiming] = field(default_factory=list)
+    innocent_ops_per_s: dict[str, float] = field(default_factory=dict)  # by innocent name
     quiet_actions: list[dict[str, Any]] = field(default_factory=list)
     actions: list[dict[str, Any]] = field(default_factory=list)  # with `t` (s from start)
 
@@ -98,8 +103,11 @@ def way_stats(result: WayResult) -> WayStats:
         send_lag_p99_ms=percentile(lag, 99),
         be_ops_per_s=ops / seconds if seconds > 0 and result.way != "baseline" else 0.0,
         actions=actions)
-    fired = sorted((i["fired_ns"] - result.start_ns) / 1e9 for i in result.incidents
-                   if i.get("fired_ns") and i.get("policy"))  # the rules that move levers
+    stats.innocent_ops_per_s = {i["name"]: i["bogo_ops"] / i["seconds"]
+                                for i in result.innocents if i.get("seconds")}
+    driving = sorted((i for i in result.incidents if i.get("fired_ns") and i.get("policy")),
+                     key=lambda i: i["fired_ns"])  # the rules that move levers
+    fired = [(i["fired_ns"] - result.start_ns) / 1e9 for i in driving]
     applied = [a for a in actions if a["action"] == "apply" and a["status"] in ACTED]
     for episode, (start, end) in zip(result.episodes, spans, strict=True):
         window = (start, end + GRACE_S)
@@ -113,12 +121,31 @@ def way_stats(result: WayResult) -> WayStats:
             delay, what = act["t"] - start, f"{act['kind']} ({act['status']})"
         else:
             delay, what = None, ""
-        stats.episodes.append(EpisodeTiming(
+        timing = EpisodeTiming(
             episode.antagonist, start, end, None if fire is None else fire - start, delay, what,
-            percentile(lat[(t_s >= start) & (t_s < end)], 99), carried=bool(held)))
+            percentile(lat[(t_s >= start) & (t_s < end)], 99), carried=bool(held))
+        culprits = set(antagonists_of(episode))
+        ranked = next((i for f, i in zip(fired, driving, strict=True)
+                       if window[0] <= f < window[1] and i.get("suspects")), None)
+        if culprits and ranked is not None:
+            first = min(ranked["suspects"], key=lambda s: s.get("rank", 99))
+            timing.suspect = first.get("cgroup", "")
+            timing.attributed = timing.suspect in culprits
+        elif culprits and result.way != "baseline" and fire is not None:
+            timing.attributed = False  # it fired, and named nobody
+        stats.episodes.append(timing)
     stats.quiet_actions = [a for a in applied if not any(
         start <= a["t"] < end + GRACE_S for start, end in spans)]
     return stats
+
+
+def antagonists_of(episode: Any) -> list[str]:
+    """The cgroups (as the agent tags them) of an episode's antagonists."""
+    from sloguard.lab.agent import BE_CGROUP
+    from sloguard.lab.scenario import antagonist_cgroups
+
+    return ["/" + rel for rel in antagonist_cgroups(episode.antagonist.split("+"),
+                                                    BE_CGROUP).values()]
 
 
 def in_force(actions: list[dict[str, Any]], at_s: float) -> list[str]:

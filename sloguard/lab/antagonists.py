@@ -10,7 +10,7 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -38,6 +38,7 @@ class EpisodeRun:
     ended_ns: int
     bogo_ops: float
     returncode: int
+    parts: dict[str, float] = field(default_factory=dict)  # bogo-ops per kind, when several
 
     @property
     def seconds(self) -> float:
@@ -48,12 +49,16 @@ class Antagonist:
     """One running stress-ng; `finish` waits for its own timeout and reads its metrics."""
 
     def __init__(self, antagonist: str, duration: float, be: BeSpec, cgroup: LabCgroup,
-                 workdir: Path) -> None:
+                 workdir: Path, args: list[str] | None = None) -> None:
+        """`args`: stress-ng's stressor arguments, when not the antagonist kind's (an
+        innocent BE job's)."""
         self.antagonist = antagonist
+        self.cgroup = cgroup.rel
         self.metrics = workdir / f"stress-{antagonist}-{time.time_ns()}.yaml"
         temp = workdir / "stress-tmp"
         temp.mkdir(parents=True, exist_ok=True)
-        argv = [stress_ng(), *stress_args(antagonist, be), "--timeout", f"{duration:g}s",
+        stressor = args if args is not None else stress_args(antagonist, be)
+        argv = [stress_ng(), *stressor, "--timeout", f"{duration:g}s",
                 "--metrics-brief", "--yaml", str(self.metrics), "--temp-path", str(temp)]
         self.log = open(workdir / "stress-ng.log", "ab")  # noqa: SIM115 - closed in finish
         self.started_ns = time.time_ns()

@@ -28,7 +28,9 @@ TARGET_DELAY_S = 3.0
 TARGET_P99_RATIO = 1.25
 TARGET_BE_RATIO = 0.5
 HELD_ANTAGONISTS = ("cpu", "cache", "io")  # where a manual lever reached both targets here
-COLORS = {"baseline": "#2b8a3e", "unguarded": "#c92a2a", "guarded": "#1864ab"}
+COLORS = {"baseline": "#2b8a3e", "unguarded": "#c92a2a", "guarded": "#1864ab",
+          "guarded-suspects": "#e8590c"}
+TARGET_INNOCENT_RATIO = 0.9  # attribution (#22): the innocent BE jobs keep this much
 
 
 @dataclass
@@ -209,8 +211,8 @@ def markdown(scenarios: list[ScenarioRuns], out: Path, header: str) -> str:
                  f"{_yes(not quiet)} |")
     for g in scenarios:
         p99, be = g.p99_ratio(), g.be_ratio()
-        kind = g.spec.schedule.episodes[0].antagonist
-        held = kind in HELD_ANTAGONISTS
+        kind = "+".join(g.spec.schedule.episodes[0].kinds)
+        held = kind in HELD_ANTAGONISTS and not g.spec.culprits
         met = p99 <= TARGET_P99_RATIO and be >= TARGET_BE_RATIO
         result = f"p99 {_x(p99)}, BE {_x(be)}"
         if len(g.runs) > 1:
@@ -243,6 +245,51 @@ def markdown(scenarios: list[ScenarioRuns], out: Path, header: str) -> str:
                   for name, k, way, a in quiet]
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def innocent_ratio(r: ScenarioReport, way: str) -> float:
+    """The worst innocent BE job's throughput in `way` against the unguarded way's."""
+    if way not in r.stats or "unguarded" not in r.stats:
+        return math.nan
+    mine, free = r.stats[way].innocent_ops_per_s, r.stats["unguarded"].innocent_ops_per_s
+    ratios = [mine[name] / free[name] for name in free if free[name] and name in mine]
+    return min(ratios) if ratios else math.nan
+
+
+def attributed(r: ScenarioReport, way: str) -> tuple[int, int]:
+    """(episodes whose first suspect was an antagonist, episodes that fired)."""
+    judged = [e.attributed for e in r.stats[way].episodes if e.attributed is not None] \
+        if way in r.stats else []
+    return sum(judged), len(judged)
+
+
+def _attribution(r: ScenarioReport) -> list[str]:
+    """Who the agent named, and what each guarded way cost the innocent BE jobs."""
+    lines = ["", "Attribution (docs/attribution.md): the first suspect of the first incident "
+             "under a policy in each episode (its last ranking) against the episode's "
+             "antagonists; the innocent BE jobs' throughput (the worst of them) and the "
+             "antagonists' against the unguarded way. `guarded` acts on the whole BE tier, "
+             "`guarded-suspects` on the suspects first (`target: suspects`).", "",
+             "| way | antagonist ranked first | in-episode p99 vs baseline | innocents vs "
+             f"unguarded (target >= {TARGET_INNOCENT_RATIO:.0%}) | antagonists vs unguarded |",
+             "|---|---|---|---|---|"]
+    for way in ("unguarded", "guarded", "guarded-suspects"):
+        if way not in r.stats:
+            continue
+        good, total = attributed(r, way)
+        share = f"{good}/{total}" + (f" ({good / total:.0%})" if total else "")
+        free = way == "unguarded"
+        innocents = "-" if free else _x(innocent_ratio(r, way))
+        antagonists = "-" if free else _x(r.ratio(way, "be_ops_per_s", "unguarded"))
+        lines.append(f"| {way} | {share} | {_x(r.ratio(way, 'episode_p99_ms', 'baseline'))} | "
+                     f"{innocents} | {antagonists} |")
+    named = [(way, n, e) for way in ("unguarded", "guarded", "guarded-suspects")
+             if way in r.stats for n, e in enumerate(r.stats[way].episodes, start=1)]
+    lines += ["", "| way | episode | antagonist | first suspect |", "|---|---|---|---|"]
+    lines += [f"| {way} | {n} | {e.antagonist} | {e.suspect or '(none)'}"
+              f"{'' if e.attributed is None else (' (right)' if e.attributed else ' (wrong)')} |"
+              for way, n, e in named]
+    return lines
 
 
 def _each(values: list[float]) -> str:
@@ -295,6 +342,8 @@ def _scenario(g: ScenarioRuns, out: Path) -> list[str]:
             lines.append(f"| {way} | {i} | {e.antagonist} | {e.end_s - e.start_s:.1f} | "
                          f"{_ms(e.p99_ms)} | {_s(e.fired_s)} | {_s(e.first_action_s)} | "
                          f"{e.first_action or '-'} |")
+    if r.spec.culprits:
+        lines += _attribution(r)
     guarded = r.stats.get("guarded")
     if guarded is not None and guarded.actions:
         lines += ["", "Every action of the guarded way:", "",

@@ -29,7 +29,9 @@ from sloguard.core.cpulist import parse_cpulist
 from sloguard.core.yamlfile import YamlFileError, load_model
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
-WAYS = ("baseline", "unguarded", "guarded")
+WAYS = ("baseline", "unguarded", "guarded", "guarded-suspects")
+DEFAULT_WAYS = WAYS[:3]
+Kind = Literal["cpu", "cache", "stream", "io", "vm"]
 
 # stress-ng stressors per antagonist kind (colocation-lab.md): what each one contends for
 ANTAGONISTS: dict[str, list[str]] = {
@@ -38,6 +40,13 @@ ANTAGONISTS: dict[str, list[str]] = {
     "stream": ["--stream", "{workers}"],  # memory bandwidth
     "io": ["--iomix", "{workers}"],
     "vm": ["--vm", "{workers}", "--vm-bytes", "{vm_bytes}"],
+}
+# Innocent BE jobs (docs/attribution.md): they run for the whole way and barely contend; the
+# guard should leave them their throughput. stress-ng's --cpu-load keeps a worker at that
+# percentage of one CPU (busy, then asleep, in 100 ms slices).
+INNOCENTS: dict[str, list[str]] = {
+    "sleepy": ["--cpu", "1", "--cpu-load", "2"],
+    "light-cpu": ["--cpu", "1", "--cpu-load", "10"],
 }
 
 
@@ -71,14 +80,42 @@ class LsSpec(_Strict):
         return value
 
 
+class InnocentSpec(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,30}$", description="its cgroup's name")
+    kind: Literal["sleepy", "light-cpu"]
+
+
 class BeSpec(_Strict):
     workers: int = Field(2, ge=1, le=64, description="stress-ng workers per antagonist")
     vm_bytes: str = Field("1G", description="memory per vm worker (stress-ng --vm-bytes)")
+    innocents: list[InnocentSpec] = Field(
+        default_factory=list, description="BE jobs that run for the whole way and barely "
+                                          "contend, each in its own cgroup (attribution)")
+
+    @field_validator("innocents")
+    @classmethod
+    def _unique(cls, value: list[InnocentSpec]) -> list[InnocentSpec]:
+        names = [i.name for i in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"innocent names must differ: {', '.join(names)}")
+        return value
 
 
 class EpisodeSpec(_Strict):
-    antagonist: Literal["cpu", "cache", "stream", "io", "vm"]
+    antagonist: Kind | list[Kind] = Field(
+        description="a stressor, or several at once (each in its own BE cgroup)")
     duration: Duration = Field(gt=0)
+
+    @field_validator("antagonist")
+    @classmethod
+    def _kinds(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and (not value or len(set(value)) != len(value)):
+            raise ValueError("several antagonists at once must be different kinds")
+        return value
+
+    @property
+    def kinds(self) -> list[str]:
+        return [self.antagonist] if isinstance(self.antagonist, str) else list(self.antagonist)
 
 
 class ScheduleSpec(_Strict):
@@ -92,8 +129,15 @@ class ScenarioSpec(_Strict):
     ls: LsSpec = Field(default_factory=LsSpec)
     be: BeSpec = Field(default_factory=BeSpec)
     schedule: ScheduleSpec
-    ways: list[Literal["baseline", "unguarded", "guarded"]] = Field(
-        default_factory=lambda: list(WAYS), min_length=1)
+    ways: list[Literal["baseline", "unguarded", "guarded", "guarded-suspects"]] = Field(
+        default_factory=lambda: list(DEFAULT_WAYS), min_length=1,
+        description="guarded-suspects: guarded with the cgroup levers at `target: suspects`")
+
+    @property
+    def culprits(self) -> bool:
+        """Several BE workloads at once (innocents, or antagonists together): a scenario that
+        tests attribution, for which the agent runs its eBPF programs."""
+        return bool(self.be.innocents) or any(len(e.kinds) > 1 for e in self.schedule.episodes)
 
 
 class ScenarioError(Exception):
@@ -104,9 +148,13 @@ class ScenarioError(Exception):
 class Episode:
     """One antagonist period, in seconds from the start of a way."""
 
-    antagonist: str
+    antagonist: str  # its kinds joined by "+" when several run at once
     start_s: float
     end_s: float
+
+    @property
+    def kinds(self) -> list[str]:
+        return self.antagonist.split("+")
 
 
 def load_scenario(path: Path) -> ScenarioSpec:
@@ -133,7 +181,7 @@ def timeline(spec: ScenarioSpec) -> tuple[list[Episode], float]:
     """The episodes' times and the length of one way: quiet, episode, quiet, ..., quiet."""
     episodes, t = [], spec.schedule.quiet
     for item in spec.schedule.episodes:
-        episodes.append(Episode(item.antagonist, t, t + item.duration))
+        episodes.append(Episode("+".join(item.kinds), t, t + item.duration))
         t += item.duration + spec.schedule.quiet
     return episodes, t
 
@@ -150,3 +198,24 @@ def shortened(spec: ScenarioSpec, quiet: float, episode: float,
 
 def stress_args(antagonist: str, be: BeSpec) -> list[str]:
     return [a.format(workers=be.workers, vm_bytes=be.vm_bytes) for a in ANTAGONISTS[antagonist]]
+
+
+def antagonist_cgroups(kinds: list[str], be_cgroup: str) -> dict[str, str]:
+    """Where each antagonist of an episode runs: the first in the BE cgroup, as always; each
+    other in its own (`<be>-<kind>`), so that attribution has several workloads to tell apart."""
+    return {kind: be_cgroup if n == 0 else f"{be_cgroup}-{kind}" for n, kind in enumerate(kinds)}
+
+
+def innocent_cgroup(name: str, be_cgroup: str) -> str:
+    return f"{be_cgroup}-innocent-{name}"
+
+
+def be_cgroups(spec: ScenarioSpec, be_cgroup: str) -> list[tuple[str, str]]:
+    """Every BE cgroup a way of the scenario may use, with the name the agent knows it by."""
+    found: dict[str, str] = {be_cgroup: "stress-ng"}
+    for episode in spec.schedule.episodes:
+        for kind, rel in antagonist_cgroups(episode.kinds, be_cgroup).items():
+            found.setdefault(rel, f"stress-ng-{kind}")
+    for innocent in spec.be.innocents:
+        found[innocent_cgroup(innocent.name, be_cgroup)] = innocent.name
+    return list(found.items())

@@ -32,7 +32,16 @@ from sloguard.lab.antagonists import Antagonist, EpisodeRun, LabSetupError
 from sloguard.lab.cgroups import LabCgroup, pids_in
 from sloguard.lab.kube import LabNode
 from sloguard.lab.pods import PodAntagonist, PodPlacement
-from sloguard.lab.scenario import BeSpec, LsSpec, ScenarioSpec, timeline
+from sloguard.lab.scenario import (
+    INNOCENTS,
+    BeSpec,
+    LsSpec,
+    ScenarioSpec,
+    antagonist_cgroups,
+    be_cgroups,
+    innocent_cgroup,
+    timeline,
+)
 
 PUSH_EVERY_S = 0.5
 # Pushed as a histogram (as a service's metrics library would): 10 us to 10 s, 10% apart, so a
@@ -56,6 +65,8 @@ class WayResult:
     actions: list[dict[str, Any]] = field(default_factory=list)
     client: str = ""
     push_errors: int = 0
+    # the innocent BE jobs' runs: name, cgroup, bogo_ops, seconds
+    innocents: list[dict[str, Any]] = field(default_factory=list)
     records: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), dtype=np.int64))
 
     def save(self, directory: Path) -> None:
@@ -221,6 +232,7 @@ class LabStage:
         self.relay: Relay | None = None
         self._client_log = workdir / "loadgen.log"
         self.running: list[Antagonist | PodAntagonist] = []
+        self.more_be: dict[str, LabCgroup] = {}  # BE cgroups beside the first (attribution)
 
     def __enter__(self) -> LabStage:
         return self
@@ -242,11 +254,22 @@ class LabStage:
             self.ls_cgroup.pin(self.ls.cpus)
         self.redis, self.port = start_redis(self.ls_cgroup, self.workdir)
 
-    def antagonist(self, kind: str, duration: float, be: BeSpec) -> Antagonist | PodAntagonist:
-        """One episode's stressor: in the BE cgroup, or as a BE pod on the node."""
+    def antagonist(self, kind: str, duration: float, be: BeSpec, cgroup: str = BE_CGROUP,
+                   args: list[str] | None = None) -> Antagonist | PodAntagonist:
+        """One stressor: in the BE cgroup (or another BE cgroup of the lab's, for a second
+        antagonist or an innocent job), or as a BE pod on the node."""
         if self.pods is not None:
+            if cgroup != BE_CGROUP or args is not None:
+                raise LabSetupError("several BE workloads at once (innocents, antagonists "
+                                    "together) do not run as pods yet: run the scenario "
+                                    "without --kube")
             return self.pods.antagonist(kind, duration, be, self.workdir)
-        return Antagonist(kind, duration, be, self.be_cgroup, self.workdir)
+        if cgroup == BE_CGROUP:
+            where = self.be_cgroup
+        else:
+            where = self.more_be.get(cgroup) or self.more_be.setdefault(cgroup,
+                                                                         LabCgroup(cgroup))
+        return Antagonist(kind, duration, be, where, self.workdir, args)
 
     def start_client(self, duration: float, start_ns: int) -> Relay:
         """The load generator from `start_ns` for `duration` s; the relay pushes its latencies
@@ -299,7 +322,7 @@ class LabStage:
             attempt(self.redis.wait)
         if self.pods is not None:
             attempt(self.pods.close)
-        for cgroup in (self.be_cgroup, self.ls_cgroup):
+        for cgroup in (*self.more_be.values(), self.be_cgroup, self.ls_cgroup):
             with contextlib.suppress(OSError):
                 cgroup.remove()
         if errors:
@@ -319,13 +342,23 @@ def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
             stage.start_ls()
             if kubeconfig:
                 node = LabNode(kubeconfig, node_name)
-            agent = stage.agent = LabAgent(workdir, guarded=(way == "guarded"),
+            agent = stage.agent = LabAgent(workdir, guarded=way.startswith("guarded"),
                                            slo=spec.ls.slo, kubeconfig=kubeconfig,
                                            node=node_name, cpus=stage.cpus,
-                                           pods=pods is not None)
+                                           pods=pods is not None,
+                                           be_cgroups=be_cgroups(spec, BE_CGROUP),
+                                           ebpf=spec.culprits,
+                                           suspects=way == "guarded-suspects")
             agent.wait_ready()
+            if spec.culprits:
+                agent.wait_ebpf()
             start_ns = time.time_ns() + int(lead_s * 1e9)
             relay = stage.start_client(total, start_ns)
+            innocents = [] if way == "baseline" else [
+                (i, stage.antagonist(i.kind, total + lead_s, spec.be,
+                                     innocent_cgroup(i.name, BE_CGROUP), INNOCENTS[i.kind]))
+                for i in spec.be.innocents]
+            stage.running += [job for _, job in innocents]
             runs: list[EpisodeRun] = []
             for episode in episodes:
                 begin_ns = start_ns + int(episode.start_s * 1e9)
@@ -335,14 +368,24 @@ def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
                     _sleep_until(end_ns, start_ns, total, way, progress)
                     runs.append(EpisodeRun(episode.antagonist, begin_ns, end_ns, 0.0, 0))
                     continue
-                antagonist = stage.antagonist(episode.antagonist,
-                                              episode.end_s - episode.start_s, spec.be)
-                stage.running.append(antagonist)
+                together = [stage.antagonist(kind, episode.end_s - episode.start_s, spec.be,
+                                             cgroup)
+                            for kind, cgroup in antagonist_cgroups(episode.kinds,
+                                                                   BE_CGROUP).items()]
+                stage.running += together
                 _sleep_until(end_ns, start_ns, total, way, progress)
-                runs.append(antagonist.finish())
-                stage.running.remove(antagonist)
+                runs.append(_together([job.finish() for job in together]))
+                for job in together:
+                    stage.running.remove(job)
             _sleep_until(start_ns + int(total * 1e9), start_ns, total, way, progress)
             client = stage.finish_client()
+            innocent_runs = []
+            for spec_of, job in innocents:
+                done = job.finish()
+                stage.running.remove(job)
+                innocent_runs.append({"name": spec_of.name, "kind": spec_of.kind,
+                                      "cgroup": "/" + innocent_cgroup(spec_of.name, BE_CGROUP),
+                                      "bogo_ops": done.bogo_ops, "seconds": done.seconds})
             time.sleep(1.5)  # the agent's last evaluation of what was pushed
             if pods is not None:
                 # The kubelet's QoS cgroups and the node outlive the way (the lab's own cgroups
@@ -360,12 +403,23 @@ def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
                                       f"agent on {agent.placement()}"
                                       + (f"; LS and BE as pods on node {node_name} (redis on "
                                          f"{stage.ls_note})" if pods is not None else ""),
-                               push_errors=relay.push_errors, records=relay.records())
+                               push_errors=relay.push_errors, innocents=innocent_runs,
+                               records=relay.records())
             result.save(workdir)
             return result
     finally:
         if node is not None:
             node.remove()
+
+
+def _together(parts: list[EpisodeRun]) -> EpisodeRun:
+    """One episode's record of its antagonists run at once."""
+    if len(parts) == 1:
+        return parts[0]
+    return EpisodeRun("+".join(p.antagonist for p in parts), min(p.started_ns for p in parts),
+                      max(p.ended_ns for p in parts), sum(p.bogo_ops for p in parts),
+                      max(p.returncode for p in parts),
+                      {p.antagonist: p.bogo_ops for p in parts})
 
 
 def _sleep_until(deadline_ns: int, start_ns: int, total: float, way: str,
