@@ -38,8 +38,9 @@ def default_scorers() -> dict[str, ScorerConfig]:
 class AttributionConfig(Section):
     enabled: bool = Field(True, description="rank the BE suspects of each firing incident "
                                             "under a policy (docs/attribution.md)")
-    every: Duration = Field(5.0, gt=0, description="how often a firing incident's suspects "
-                                                   "are ranked again")
+    every: Duration = Field(10.0, gt=0, description="how often a firing incident's suspects "
+                                                    "are ranked again (a policy's hold is 10 s: "
+                                                    "each widened rung sees a fresh ranking)")
     lookback: Duration = Field(60.0, gt=0, description="how far before the incident's onset "
                                                        "the scorers look")
     timeout: Duration = Field(1.0, gt=0, description="longest the ranking of one incident may "

@@ -12,8 +12,12 @@ measures over the window, on the one-second grid:
   why not ranks).
 
 The grade is share x max(0, correlation), the best over the workload's signals, which also
-names the resource. Both factors are needed: a sleepy job whose small CPU use happens to track
-the LS signal has a tiny share; a job that has run flat out for hours before and through the
+names the resource. Shares come from the store's sums (one row a series); only the curves of
+the `MAX_CORRELATED` workloads with the largest share (of at least `MIN_SHARE`) are read and
+correlated: a grade cannot exceed its share, so the others could not rank above them.
+
+Both factors are needed: a sleepy job whose small CPU use happens to track the LS signal has a
+tiny share; a job that has run flat out for hours before and through the
 incident has a large share but no correlation (the run-queue blame scorer, not this one, says
 whether it delays the LS tasks). The product is parameter-free and needs no per-resource
 threshold, so it carries from one node to another.
@@ -47,6 +51,10 @@ SIGNALS = (
 )
 
 
+MIN_SHARE = 0.02  # of the tier's activity: below it, a workload's grade is below it too
+MAX_CORRELATED = 5  # the workloads that did most, per signal, whose curves are compared
+
+
 class CoMovement:
     name = "co_movement"
 
@@ -63,18 +71,27 @@ class CoMovement:
         onset = case.onset_index
         best: dict[str, Clue] = {}
         for resource, measurement, field, extra, what in SIGNALS:
-            per = case.per_workload(measurement, field, **extra)
-            if not per:
-                continue
-            after = {cg: mean_of(values[onset:]) for cg, values in per.items()}
+            after = case.levels(measurement, field, case.onset_ns, **extra)
             tier = sum(v for v in after.values() if v > 0)
             if tier <= 0:
                 continue
-            for cgroup, values in per.items():
+            shares = {cg: max(0.0, v) / tier for cg, v in after.items()}
+            # The curves of the few that did most, not of all: a workload's grade is at most
+            # its share, so one under MIN_SHARE, or behind the first MAX_CORRELATED, cannot
+            # reach more than that (and reading every curve cost a ranking 10x the CPU)
+            chosen = [cg for cg, share in sorted(shares.items(), key=lambda kv: -kv[1])
+                      [:MAX_CORRELATED] if share >= MIN_SHARE]
+            if not chosen:
+                continue
+            per = case.per_workload(measurement, field, only=set(chosen), **extra)
+            for cgroup in chosen:
+                values = per.get(cgroup)
+                if values is None:
+                    continue
                 rho = correlation(values, ls, self.min_points)
                 if rho is None:
                     continue
-                share = max(0.0, after[cgroup]) / tier
+                share = shares[cgroup]
                 grade = share * max(0.0, rho)
                 known = best.get(cgroup)
                 if known is not None and known.score >= grade:

@@ -17,8 +17,6 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-import numpy as np
-
 from sloguard.detector.attribution.api import Case, Clue, hookimpl, reject_unknown
 
 MEASUREMENT = "ebpf_runqueue_blame"
@@ -41,15 +39,15 @@ class RunqueueBlame:
         after: dict[str, float] = defaultdict(float)
         before: dict[str, float] = defaultdict(float)
         names: set[str] = set()
-        for tags, times, values in case.series(MEASUREMENT, "wait_us"):
-            if tags.get("class") == "BE" or (victims and tags.get("cgroup") not in victims):
+        onset = max(case.onset_ns, case.start_ns)
+        for side, start, end in ((after, onset, case.end_ns), (before, case.start_ns, onset)):
+            if end <= start:
                 continue
-            names.add(tags.get("cgroup", ""))
-            at, waits = np.asarray(times), np.asarray(values)
-            late = at >= case.onset_ns
-            culprit = tags.get("culprit", "")
-            after[culprit] += float(waits[late].sum())
-            before[culprit] += float(waits[~late].sum())
+            for tags, total, _ in case.read.totals(MEASUREMENT, "wait_us", (), start, end):
+                if tags.get("class") == "BE" or (victims and tags.get("cgroup") not in victims):
+                    continue
+                names.add(tags.get("cgroup", ""))
+                side[tags.get("culprit", "")] += total
         total_after, total_before = sum(after.values()), sum(before.values())
         if total_after < self.min_wait_ms * 1000:
             return {}

@@ -53,7 +53,7 @@ def test_correlation_is_robust_to_spikes_and_refuses_too_few_points():
     assert correlation(gappy, x, min_points=11) is None
 
 
-def _case(read=lambda *a: [], **kw) -> Case:
+def _case(read=None, **kw) -> Case:
     start = 1_000 * S
     defaults = dict(incident_id="i", resource="", victims=[_workload(LS_CGROUP, "LS")],
                     candidates=CANDIDATES, onset_ns=start + 60 * S, start_ns=start,
@@ -151,9 +151,9 @@ def test_the_antagonist_ranks_first_and_the_innocents_are_not_suspects(store):
     assert first.name == "antagonist"
     assert attributor.status().ok, attributor.status()
     # again only after `every`; then ranked afresh
-    attributor.tick(start + 92 * S, [incident])
+    attributor.tick(start + 99 * S, [incident])
     assert len(saved) == 1
-    attributor.tick(start + 96 * S, [incident])
+    attributor.tick(start + 100 * S, [incident])
     assert len(saved) == 2
 
 
@@ -162,8 +162,17 @@ def test_without_ebpf_co_movement_alone_still_names_the_antagonist(store):
     _write_episode(store, start)
     config = AttributionConfig(scorers={"co_movement": {}, "runqueue_blame": {}})
     attributor = _attributor(store, config)
-    original = attributor.read
-    attributor.read = lambda m, *a: [] if m == "ebpf_runqueue_blame" else original(m, *a)
+    class NoBlame:  # the store as a node without eBPF has it
+        def __init__(self, inner):
+            self.inner = inner
+
+        def series(self, m, *a):
+            return [] if m == "ebpf_runqueue_blame" else self.inner.series(m, *a)
+
+        def totals(self, m, *a):
+            return [] if m == "ebpf_runqueue_blame" else self.inner.totals(m, *a)
+
+    attributor.read = NoBlame(attributor.read)
     incident = _incident(start + 60 * S)
     suspects = attributor.attribute(incident, start + 90 * S)
     assert suspects[0].cgroup == ANTAGONIST
@@ -302,3 +311,18 @@ def test_a_long_incident_is_ranked_on_a_bounded_window(store):
     assert early.start_ns == onset - 60 * S and early.onset_index == 60
     late = attributor.case(incident, onset + 3600 * S)
     assert late.end_ns - late.start_ns == 240 * S and late.onset_index == 0
+
+
+def test_a_settled_incident_is_ranked_half_as_often(store):
+    saved: list[Incident] = []
+    attributor = _attributor(store, saved=saved)
+    onset = (time.time_ns() // S - 1000) * S
+    incident = _incident(onset)
+    attributor.tick(onset + 10 * S, [incident])
+    attributor.tick(onset + 20 * S, [incident])  # young: every 10 s
+    assert len(saved) == 2
+    attributor.tick(onset + 300 * S, [incident])
+    attributor.tick(onset + 310 * S, [incident])  # past 3 x lookback: every 20 s
+    assert len(saved) == 3
+    attributor.tick(onset + 320 * S, [incident])
+    assert len(saved) == 4

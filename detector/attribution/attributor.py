@@ -66,10 +66,14 @@ class Attributor:
         if not self.scorers:
             return
         every_ns = int(self.config.every * 1e9)
+        settled_ns = int((WINDOW_LOOKBACKS - 1) * self.config.lookback * 1e9)
         for incident in firing:
             if not incident.policy or incident.group == AGENT_GROUP:
                 continue
-            if incident.suspects_ns is not None and now_ns - incident.suspects_ns < every_ns:
+            # an incident firing past 3 x lookback is ranked on the longest window, half as
+            # often: its ranking has settled, and its cost stays that of a young one's
+            due = every_ns * (2 if now_ns - incident.started_ns > settled_ns else 1)
+            if incident.suspects_ns is not None and now_ns - incident.suspects_ns < due:
                 continue
             suspects = self.attribute(incident, now_ns)
             if suspects is None:

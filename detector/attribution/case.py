@@ -11,9 +11,9 @@ by the window and by the matchers (BE workloads only).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -23,9 +23,19 @@ STEP_NS = 10**9
 WORKLOAD_LEVELS = "pod|cgroup"
 MAX_SERIES_PER_READ = 20_000  # a read past this is cut (and said so): attribution is bounded
 
-# (tags, times ns, values) of one field, per series
+# (tags, times ns, values) of one field, per series; (tags, sum, count) over a window
 Series = tuple[dict[str, str], list[int], list[float]]
-Reader = Callable[[str, str, tuple[Matcher, ...], int, int], list[Series]]
+Totals = tuple[dict[str, str], float, int]
+
+
+class Reader(Protocol):
+    """Where a Case reads (`as_reader(store)`; tests give their own)."""
+
+    def series(self, measurement: str, field_name: str, matchers: tuple[Matcher, ...],
+               start_ns: int, end_ns: int) -> list[Series]: ...
+
+    def totals(self, measurement: str, field_name: str, matchers: tuple[Matcher, ...],
+               start_ns: int, end_ns: int) -> list[Totals]: ...
 
 
 @dataclass
@@ -59,7 +69,7 @@ class Case:
     def series(self, measurement: str, field_name: str,
                matchers: tuple[Matcher, ...] = ()) -> list[Series]:
         """One field's raw series in the window (tags, times, values), bounded."""
-        found = self.read(measurement, field_name, matchers, self.start_ns, self.end_ns)
+        found = self.read.series(measurement, field_name, matchers, self.start_ns, self.end_ns)
         if len(found) > MAX_SERIES_PER_READ:
             self.notes.append(f"{measurement}: {len(found)} series, only "
                               f"{MAX_SERIES_PER_READ} read")
@@ -67,15 +77,40 @@ class Case:
         return found
 
     def per_workload(self, measurement: str, field_name: str, by: str = "cgroup",
-                     **equals: str) -> dict[str, np.ndarray]:
+                     only: set[str] | None = None, **equals: str) -> dict[str, np.ndarray]:
         """One array per value of tag `by` (a BE workload's cgroup), on the grid: the mean of
         each series' points within a second, summed over the series sharing that tag (a
         cgroup's disks and operations). Only BE workloads at the pod or cgroup level, and
-        only the candidates when `by` is `cgroup`."""
-        matchers = (Matcher("class", "=", "BE"), Matcher("level", "=~", WORKLOAD_LEVELS),
-                    *(Matcher(k, "=", v) for k, v in equals.items()))
+        only the candidates when `by` is `cgroup` (`only`: just these cgroups; a scorer that
+        has ranked the candidates by `levels` reads the curves of the first few alone)."""
+        matchers = self._be(only, equals)
         wanted = {c["cgroup"] for c in self.candidates} if by == "cgroup" else None
         return self.bucket(self.series(measurement, field_name, matchers), by, wanted)
+
+    def levels(self, measurement: str, field_name: str, since_ns: int | None = None,
+               only: set[str] | None = None, **equals: str) -> dict[str, float]:
+        """Each BE candidate's level of one signal from `since_ns` (default: the window's
+        start) to the end: the mean of each of its series, summed over its series. Read as
+        sums in the store, one row a series: a ranking over 100 cgroups read 60,000 points
+        when it took the curves of all of them (benchmarks/attribution_cost.py)."""
+        start = self.start_ns if since_ns is None else max(self.start_ns, since_ns)
+        wanted = {c["cgroup"] for c in self.candidates}
+        out: dict[str, float] = {}
+        for tags, total, count in self.read.totals(measurement, field_name,
+                                                   self._be(only, equals), start, self.end_ns):
+            key = tags.get("cgroup")
+            if key in wanted and count:
+                out[key] = out.get(key, 0.0) + total / count
+        return out
+
+    @staticmethod
+    def _be(only: set[str] | None, equals: dict[str, str]) -> tuple[Matcher, ...]:
+        matchers = [Matcher("class", "=", "BE"), Matcher("level", "=~", WORKLOAD_LEVELS),
+                    *(Matcher(k, "=", v) for k, v in equals.items())]
+        if only is not None:
+            matchers.append(Matcher("cgroup", "=~", "|".join(map(re.escape, sorted(only)))
+                                    or "(?!)"))
+        return tuple(matchers)
 
     def bucket(self, found: list[Series], by: str,
                wanted: set[str] | None = None) -> dict[str, np.ndarray]:
@@ -137,11 +172,25 @@ def mean_of(values: np.ndarray) -> float:
 
 
 def as_reader(store: Any) -> Reader:
-    """A store's windows as the Case reads them (store/__init__.py's `read_series`)."""
-    from sloguard.store import WindowQuery, read_series
+    """A store's windows as the Case reads them (store/__init__.py's `read_series` and
+    `read_totals`)."""
+    return _StoreReader(store)
 
-    def read(measurement: str, field_name: str, matchers: tuple[Matcher, ...],
-             start_ns: int, end_ns: int) -> list[Series]:
-        return read_series(store, WindowQuery(measurement, start_ns, end_ns,
-                                              fields=(field_name,), matchers=matchers))
-    return read
+
+class _StoreReader:
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def series(self, measurement: str, field_name: str, matchers: tuple[Matcher, ...],
+               start_ns: int, end_ns: int) -> list[Series]:
+        from sloguard.store import WindowQuery, read_series
+
+        return read_series(self.store, WindowQuery(measurement, start_ns, end_ns,
+                                                   fields=(field_name,), matchers=matchers))
+
+    def totals(self, measurement: str, field_name: str, matchers: tuple[Matcher, ...],
+               start_ns: int, end_ns: int) -> list[Totals]:
+        from sloguard.store import WindowQuery, read_totals
+
+        return read_totals(self.store, WindowQuery(measurement, start_ns, end_ns,
+                                                   fields=(field_name,), matchers=matchers))

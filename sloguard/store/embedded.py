@@ -363,6 +363,31 @@ class EmbeddedStore:
             found[2].append(float(value))
         return list(grouped.values())
 
+    def read_totals(self, query: WindowQuery) -> list[tuple[dict[str, str], float, int]]:
+        """One field's sum and count per series over the window (store/__init__.py's
+        `read_totals`), summed by SQLite."""
+        if len(query.fields or ()) != 1:
+            raise ValueError("read_totals reads one field")
+        # the matching series and the column (an empty window: no rows are read)
+        _, series, present = self._rows(WindowQuery(query.measurement, 0, 0, query.fields,
+                                                    query.matchers), "mean")
+        if not series or not present:
+            return []
+        with self._read_lock:
+            catalog = self._read_catalog
+            table = catalog.tables[query.measurement]
+            column = catalog.columns[query.measurement][present[0]]
+            sql = (f"SELECT series_id, SUM({column}), COUNT({column}) FROM {table} WHERE "
+                   f"series_id IN ({','.join('?' * len(series))}) AND ts >= ? AND ts < ? "
+                   "GROUP BY series_id")
+            try:
+                rows = self._reader.execute(sql, [*series, query.start_ns,
+                                                  query.end_ns]).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.path}: {exc}") from exc
+        return [(dict(series[sid]), float(total or 0.0), int(count)) for sid, total, count
+                in rows if count]
+
     # -- retention -----------------------------------------------------------------------
 
     def maintain(self, now_ns: int) -> None:
