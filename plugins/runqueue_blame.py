@@ -39,11 +39,9 @@ class RunqueueBlame:
         after: dict[str, float] = defaultdict(float)
         before: dict[str, float] = defaultdict(float)
         names: set[str] = set()
-        onset = max(case.onset_ns, case.start_ns)
-        for side, start, end in ((after, onset, case.end_ns), (before, case.start_ns, onset)):
-            if end <= start:
-                continue
-            for tags, total, _ in case.read.totals(MEASUREMENT, "wait_us", (), start, end):
+        for side, start, end in ((after, case.onset_ns, case.end_ns),
+                                 (before, case.start_ns, case.onset_ns)):
+            for tags, total, _ in case.totals(MEASUREMENT, "wait_us", start, end):
                 if tags.get("class") == "BE" or (victims and tags.get("cgroup") not in victims):
                     continue
                 names.add(tags.get("cgroup", ""))

@@ -326,3 +326,18 @@ def test_a_settled_incident_is_ranked_half_as_often(store):
     assert len(saved) == 3
     attributor.tick(onset + 320 * S, [incident])
     assert len(saved) == 4
+
+
+def test_a_read_cut_at_its_bound_is_said_in_readyz(store, monkeypatch):
+    from sloguard.detector.attribution import case as case_module
+
+    start = (time.time_ns() // S - 120) * S
+    _write_episode(store, start)
+    monkeypatch.setattr(case_module, "MAX_SERIES_PER_READ", 1)
+    attributor = _attributor(store)
+    attributor.attribute(_incident(start + 60 * S), start + 90 * S)
+    reason = attributor.status().reason
+    assert "reads:" in reason and "only 1 read" in reason, reason
+    monkeypatch.setattr(case_module, "MAX_SERIES_PER_READ", 20_000)
+    attributor.attribute(_incident(start + 60 * S), start + 90 * S)
+    assert attributor.status().ok

@@ -110,16 +110,25 @@ class Attributor:
         case = self.case(incident, now_ns)
         if not case.candidates:
             return []
+        try:
+            return self._score(case)
+        finally:  # a read that was cut is said in /readyz, not dropped
+            if case.notes:
+                self.errors["reads"] = "; ".join(case.notes)[:500]
+            else:
+                self.errors.pop("reads", None)
+
+    def _score(self, case: Case) -> list[Suspect]:
         clues: dict[str, dict[str, Clue]] = {}
+        known = {c["cgroup"] for c in case.candidates}
         for name, scorer in self.scorers.items():
             try:
                 given = scorer.score(case) or {}
             except Exception as exc:  # one scorer's bug costs its vote, not the ranking
                 self.errors[name] = f"{exc.__class__.__name__}: {exc}"[:500]
-                log.warning("suspect scorer %s failed on %s: %s", name, incident.id, exc)
+                log.warning("suspect scorer %s failed on %s: %s", name, case.incident_id, exc)
                 continue
             self.errors.pop(name, None)
-            known = {c["cgroup"] for c in case.candidates}
             clues[name] = {cgroup: clue for cgroup, clue in given.items()
                            if cgroup in known and isinstance(clue, Clue)}
         return rank(case.candidates, clues, self.weights)

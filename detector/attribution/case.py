@@ -17,10 +17,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from sloguard.collectors.cgroup_ids import WORKLOAD_LEVELS as LEVELS
 from sloguard.core.selectors import Matcher
 
 STEP_NS = 10**9
-WORKLOAD_LEVELS = "pod|cgroup"
+WORKLOAD_LEVELS = "|".join(LEVELS)  # the levels a workload (a suspect) is tracked at
 MAX_SERIES_PER_READ = 20_000  # a read past this is cut (and said so): attribution is bounded
 
 # (tags, times ns, values) of one field, per series; (tags, sum, count) over a window
@@ -76,6 +77,14 @@ class Case:
             found = found[:MAX_SERIES_PER_READ]
         return found
 
+    def totals(self, measurement: str, field_name: str, start_ns: int, end_ns: int,
+               matchers: tuple[Matcher, ...] = ()) -> list[Totals]:
+        """One field's sum and count per series over [start_ns, end_ns) within the window."""
+        start, end = max(start_ns, self.start_ns), min(end_ns, self.end_ns)
+        if end <= start:
+            return []
+        return self.read.totals(measurement, field_name, matchers, start, end)
+
     def per_workload(self, measurement: str, field_name: str, by: str = "cgroup",
                      only: set[str] | None = None, **equals: str) -> dict[str, np.ndarray]:
         """One array per value of tag `by` (a BE workload's cgroup), on the grid: the mean of
@@ -93,11 +102,11 @@ class Case:
         start) to the end: the mean of each of its series, summed over its series. Read as
         sums in the store, one row a series: a ranking over 100 cgroups read 60,000 points
         when it took the curves of all of them (benchmarks/attribution_cost.py)."""
-        start = self.start_ns if since_ns is None else max(self.start_ns, since_ns)
         wanted = {c["cgroup"] for c in self.candidates}
         out: dict[str, float] = {}
-        for tags, total, count in self.read.totals(measurement, field_name,
-                                                   self._be(only, equals), start, self.end_ns):
+        for tags, total, count in self.totals(measurement, field_name,
+                                              since_ns or self.start_ns, self.end_ns,
+                                              self._be(only, equals)):
             key = tags.get("cgroup")
             if key in wanted and count:
                 out[key] = out.get(key, 0.0) + total / count
