@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from sloguard.core.suspects import workload_name
 from sloguard.detector.attribution.api import Case, Clue, hookimpl, reject_unknown
 
 MEASUREMENT = "ebpf_runqueue_blame"
@@ -38,18 +39,19 @@ class RunqueueBlame:
         victims = {v["cgroup"] for v in case.victims if v.get("cgroup")}
         after: dict[str, float] = defaultdict(float)
         before: dict[str, float] = defaultdict(float)
-        names: set[str] = set()
+        waited: dict[str, float] = defaultdict(float)  # by victim name: the most-waited first
         for side, start, end in ((after, case.onset_ns, case.end_ns),
                                  (before, case.start_ns, case.onset_ns)):
             for tags, total, _ in case.totals(MEASUREMENT, "wait_us", start, end):
                 if tags.get("class") == "BE" or (victims and tags.get("cgroup") not in victims):
                     continue
-                names.add(tags.get("cgroup", ""))
+                if side is after:
+                    waited[workload_name(tags)] += total
                 side[tags.get("culprit", "")] += total
         total_after, total_before = sum(after.values()), sum(before.values())
         if total_after < self.min_wait_ms * 1000:
             return {}
-        who = ", ".join(sorted(names)) or "the LS workloads"
+        who = _listed(sorted(waited, key=lambda name: -waited[name])) or "the LS workloads"
         clues = {}
         for candidate in case.candidates:
             cgroup = candidate["cgroup"]
@@ -62,6 +64,13 @@ class RunqueueBlame:
                                  {"blamed_wait_ms": round(after.get(cgroup, 0.0) / 1000, 3),
                                   "share": round(share, 4), "share_before": round(earlier, 4)})
         return clues
+
+
+def _listed(names: list[str], most: int = 3) -> str:
+    """A few victims by name: the evidence is read by people, and a node may run hundreds."""
+    if len(names) <= most:
+        return ", ".join(names)
+    return ", ".join(names[:most]) + f" and {len(names) - most} more"
 
 
 @hookimpl

@@ -385,11 +385,12 @@ def test_interference_climbs_the_shipped_ladder_and_every_rung_is_undone(
     """(After the discovery test, whose LS redis it guards.) A BE antagonist (stress-ng --cpu)
     beside the LS redis: the shipped rules fire and the shipped policy climbs, for real:
     SCHED_IDLE on the kubelet's besteffort QoS cgroup, cpuset, cordon (a new BE pod stays
-    Pending), the node's batch resources halved, and eviction through the Eviction API: the
-    PDB-protected BE pod (ranked first, lowest priority) is refused with 429 and the antagonist
-    evicted; the kubelet stops it. The agent is SIGKILLed and its pod deleted mid-episode; the
-    new pod continues from the ledger on the hostPath and does nothing twice. When the
-    antagonist is gone, every rung is undone."""
+    Pending), the node's batch resources halved, and eviction through the Eviction API of the
+    antagonist, ranked first as suspect #1 by attribution over the PDB-protected BE pod that
+    priority alone would put first (its 429 is tested against the apiserver in
+    test_actuators_kube.py); the kubelet stops it and the protected pod runs on. The agent is
+    SIGKILLed and its pod deleted mid-episode; the new pod continues from the ledger on the
+    hostPath and does nothing twice. When the antagonist is gone, every rung is undone."""
     from kubernetes import client
 
     core = node.core
@@ -491,8 +492,13 @@ def test_interference_climbs_the_shipped_ladder_and_every_rung_is_undone(
     pods = node.pods("batch")
     assert "be-protected" in pods and pods["be-protected"].metadata.deletion_timestamp is None
     evict = done["evict"]
-    assert "batch/be-antagonist" in evict["detail"], evict["detail"]
-    assert "be-protected" in evict["detail"] and "429" in evict["detail"], evict["detail"]
+    assert evict["detail"].startswith("evicted batch/be-antagonist"), evict["detail"]
+    # attribution first: the antagonist is suspect #1 above the lower-priority protected pod,
+    # and the evidence names the LS victims by their pods, not by kubelet cgroup paths
+    ranking = evict["detail"].split("ranking", 1)[1]
+    assert ranking.index("1. batch/be-antagonist: suspect #1") < ranking.index(
+        "batch/be-protected"), ranking
+    assert "/kubepods" not in ranking, ranking
 
     # The antagonist is gone: the incident resolves, every rung is undone in reverse.
     def undone(kind: str) -> Any:
@@ -542,7 +548,7 @@ def test_interference_climbs_the_shipped_ladder_and_every_rung_is_undone(
     assert not [e for e in calls if e.get("responseStatus", {}).get("code") == 403]
     evictions = [e for e in calls if (e.get("objectRef") or {}).get("subresource") == "eviction"]
     assert {(e["objectRef"]["name"], e["responseStatus"]["code"]) for e in evictions} == {
-        ("be-protected", 429), ("be-antagonist", 201)}
+        ("be-antagonist", 201)}  # one call: the protected pod was never asked for
 
 
 def _has_default_account(core: Any, namespace: str) -> bool:

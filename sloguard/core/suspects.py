@@ -27,6 +27,13 @@ class Clue:
     figures: dict[str, float] = field(default_factory=dict)
 
 
+def workload_name(tags: dict[str, str]) -> str:
+    """How people name a workload: namespace/pod for a pod, the declared name, or the cgroup."""
+    if tags.get("pod"):
+        return f"{tags.get('namespace', '')}/{tags['pod']}".lstrip("/")
+    return tags.get("workload") or tags.get("cgroup", "")
+
+
 @dataclass(slots=True)
 class Suspect:
     cgroup: str  # the workload's cgroup tag: what levers and eviction find it by
@@ -38,11 +45,7 @@ class Suspect:
 
     @property
     def name(self) -> str:
-        """How people name it: namespace/pod for a pod, the declared name, or the cgroup."""
-        tags = self.workload
-        if tags.get("pod"):
-            return f"{tags.get('namespace', '')}/{tags['pod']}".lstrip("/")
-        return tags.get("workload") or self.cgroup
+        return workload_name({**self.workload, "cgroup": self.cgroup})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
