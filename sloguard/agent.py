@@ -18,6 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from sloguard.actuators.env import ActuatorEnv
+from sloguard.actuators.guard_cost import GuardCost
 from sloguard.actuators.kinds import StepFactory
 from sloguard.actuators.ladder import Ladder
 from sloguard.actuators.ledger import Ledger
@@ -30,7 +31,7 @@ from sloguard.core.clock import SYSTEM, Clock
 from sloguard.core.health import ComponentStatus
 from sloguard.core.incidents import Incident
 from sloguard.core.samples import Sample
-from sloguard.core.selfmetrics import AgentMetrics, forward_metrics
+from sloguard.core.selfmetrics import AgentMetrics, GuardCostMetrics, forward_metrics
 from sloguard.core.units import format_duration
 from sloguard.detector.attribution.attributor import Attributor
 from sloguard.detector.attribution.case import as_reader
@@ -96,6 +97,9 @@ class Agent:
         self.attributor = Attributor(
             settings.attribution, as_reader(self.store),
             self.cgroups.workloads if self.cgroups else (lambda: []), self.engine.save)
+        self.guard_cost = GuardCost(data_dir / "guard_cost.db", self._per_workload)
+        self.registry.register(GuardCostMetrics(self.guard_cost.costs,
+                                                lambda: self.guard_cost.dropped))
         self._calls: queue.SimpleQueue[tuple[Any, Future]] = queue.SimpleQueue()
         self.alerting = self._build_alerting(data_dir)
         self.silences = self.alerting.silences
@@ -167,6 +171,13 @@ class Agent:
             open_incidents=self.incidents.open_incidents,
             background=True,  # API calls never hold up collection and evaluation
         )
+
+    def _per_workload(self, kind: str) -> bool:
+        """Whether a step kind acts on BE workloads' own cgroups (what guarding costs them)."""
+        try:
+            return bool(getattr(self.steps.type_of(kind), "per_workload", False))
+        except (ValueError, ImportError, AttributeError):
+            return False
 
     def _build_alerting(self, data_dir: Any) -> Any:
         """Silences always (the API and CLI manage them); Slack when receivers are configured,
@@ -275,6 +286,7 @@ class Agent:
         self.store.close()
         self.ladder.close()  # an API call under way ends within its timeout
         self.attributor.close()
+        self.guard_cost.close()
         self.incidents.close()
         self.ledger.close()
         self.alerting.db.close()
@@ -337,6 +349,9 @@ class Agent:
     def workloads(self) -> list[dict[str, Any]]:
         return self.cgroups.workloads() if self.cgroups is not None else []
 
+    def guard_costs(self) -> list[dict[str, Any]]:
+        return self.guard_cost.costs()
+
     def app_targets(self) -> list[dict[str, Any]]:
         return self.app_latency.target_status() if self.app_latency is not None else []
 
@@ -384,6 +399,7 @@ class Agent:
             self.metrics.samples_collected.labels(collector.name).inc(len(samples))
             self._enqueue(samples)
             self.windows.add(samples, now_ns=now_ns)  # detection goes on while the store fails
+            self.guard_cost.observe(samples)
         self._flush()
         mono = mono_ns / 1e9
         if mono >= self._next_reload:
@@ -397,6 +413,11 @@ class Agent:
             self.ladder.tick(now_ns, self.engine.firing(), mono_ns)
         except Exception:  # recorded per step; this is the ladder's own bug, never the loop's
             log.exception("escalation ladder failed")
+        try:
+            self.guard_cost.tick(now_ns, mono, self.workloads(), self.ledger.rungs(),
+                                 self.engine.firing(), self.ledger.audit_after)
+        except Exception:
+            log.exception("the guard-cost account failed")
         if self.alerting.enabled:
             try:  # decides and enqueues only; Slack is spoken to by the senders' threads
                 self.alerting.tick(now_ns, self.engine.firing(), mono_ns)

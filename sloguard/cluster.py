@@ -128,6 +128,9 @@ class ClusterServer:
     def workloads(self) -> list[dict[str, Any]]:
         return []
 
+    def guard_costs(self) -> list[dict[str, Any]]:
+        return []  # each node's agent keeps its own
+
     def app_targets(self) -> list[dict[str, Any]]:
         return []
 

@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 
 from sloguard import __version__
 from sloguard.core.incidents import SEVERITIES, STATES
+from sloguard.core.units import format_duration
 from sloguard.ui.auth import SESSION_COOKIE, Auth, client_of
 from sloguard.ui.pages import add_pages
 from sloguard.ui.view import NodeView
@@ -71,6 +72,7 @@ def _when(ns: int | None) -> str:
 
 
 TEMPLATES.env.filters["when"] = _when
+TEMPLATES.env.filters["duration"] = format_duration
 
 
 def create_app(agent: NodeView, manage_lifecycle: bool = True) -> FastAPI:
@@ -310,6 +312,19 @@ def create_app(agent: NodeView, manage_lifecycle: bool = True) -> FastAPI:
         found = [w for w in agent.workloads() if class_ is None or w.get("class") == class_]
         found.sort(key=lambda w: (w.get("class", ""), w.get("namespace", ""),
                                   w.get("pod") or w.get("workload", "")))
+        return {"workloads": found}
+
+    @app.get("/api/workloads/cost", tags=["node"])
+    def guard_costs(
+        workload: Annotated[str | None, Query(max_length=512)] = None,
+    ) -> dict[str, Any]:
+        """What guarding has cost each BE workload, the most held first: seconds under each
+        lever kind, CPU got and wanted (got + run-queue wait) while held and while free, and
+        their ratio (`satisfaction`, null without the eBPF run-queue program), evictions, and
+        the incidents in which attribution named it first. Kept across restarts."""
+        found = agent.guard_costs()
+        if workload is not None:
+            found = [c for c in found if c["workload"] == workload]
         return {"workloads": found}
 
     @app.get("/api/policies", tags=["actions"])

@@ -74,7 +74,7 @@ def add_pages(app: FastAPI, agent: NodeView, templates: Any) -> None:
         for w in workloads:
             w.update({f"now_{k}": v for k, v in now.get(w.get("cgroup", ""), {}).items()})
         return render(request, "node.html", "node", components=agent.components(),
-                      workloads=workloads,
+                      workloads=workloads, costs=agent.guard_costs(),
                       targets=agent.app_targets())
 
 

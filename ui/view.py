@@ -65,6 +65,11 @@ class NodeView(Protocol):
         """The node's workloads (cgroup, class, pod, ...): the node page."""
         ...
 
+    def guard_costs(self) -> list[dict[str, Any]]:
+        """What guarding has cost each BE workload (actuators/guard_cost.py): lever time, CPU
+        wanted and got while held and free, evictions, times named first suspect."""
+        ...
+
     def app_targets(self) -> list[dict[str, Any]]:
         """The application-latency targets and how their last scrape went."""
         ...

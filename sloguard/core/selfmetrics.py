@@ -149,6 +149,53 @@ class TargetMetrics(Collector):
         yield from (up, duration, attempts, failures, received, rejected)
 
 
+class GuardCostMetrics(Collector):
+    """What guarding costs each BE workload (actuators/guard_cost.py), computed when
+    Prometheus scrapes: `costs()` gives each workload's account (at most a bounded number, so
+    the label set is bounded whatever pod names a node sees)."""
+
+    def __init__(self, costs: Callable[[], list[dict[str, Any]]],
+                 dropped: Callable[[], int]) -> None:
+        self.costs, self.dropped = costs, dropped
+
+    def collect(self) -> Iterable[Any]:
+        lever = CounterMetricFamily("sloguard_be_lever_seconds",
+                                    "Seconds a BE workload spent under each lever kind",
+                                    labels=["workload", "lever"])
+        held = CounterMetricFamily("sloguard_be_held_seconds",
+                                   "Seconds a BE workload spent under any lever",
+                                   labels=["workload"])
+        got = CounterMetricFamily("sloguard_be_cpu_got_seconds",
+                                  "CPU seconds a BE workload got, while held or free",
+                                  labels=["workload", "held"])
+        wanted = CounterMetricFamily("sloguard_be_cpu_wanted_seconds",
+                                     "CPU seconds a BE workload wanted (got + run-queue wait; "
+                                     "only where the eBPF run-queue program runs)",
+                                     labels=["workload", "held"])
+        evicted = CounterMetricFamily("sloguard_be_evictions",
+                                      "Times a BE workload was evicted by the agent",
+                                      labels=["workload"])
+        named = CounterMetricFamily("sloguard_be_named_first_suspect",
+                                    "Incidents in which attribution ranked the workload first",
+                                    labels=["workload"])
+        for cost in self.costs():
+            name = cost["workload"]
+            for kind, seconds in cost["lever_seconds"].items():
+                lever.add_metric([name, kind], seconds)
+            held.add_metric([name], cost["held_seconds"])
+            for state, key in (("true", "cpu_held"), ("false", "cpu_free")):
+                got.add_metric([name, state], cost[key]["got"])
+                if cost[key]["wanted"] is not None:
+                    wanted.add_metric([name, state], cost[key]["wanted"])
+            evicted.add_metric([name], cost["evictions"])
+            named.add_metric([name], cost["named_first"])
+        dropped = CounterMetricFamily("sloguard_be_cost_accounts_dropped",
+                                      "BE workload accounts dropped, least recently seen "
+                                      "first, to keep the number of accounts bounded")
+        dropped.add_metric([], self.dropped())
+        yield from (lever, held, got, wanted, evicted, named, dropped)
+
+
 class InfluxMetrics:
     """What the InfluxDB writer did: sent, refused, retried, spooled, dropped."""
 

@@ -1,0 +1,350 @@
+"""What guarding costs each BE workload: time under each lever, CPU wanted and got, evictions.
+
+A BE pod that is Running but held to nearly no CPU is not throughput, and a guard that keeps
+one job suppressed all day, or evicts the same job every night, costs batch users more than
+its incident list shows. Per BE workload this keeps:
+
+- the seconds it spent under each lever kind (a rung in force whose step acts on BE workloads
+  one by one and covers it: tier-wide, or narrowed to it as a suspect); node steps (cordon,
+  capacity) cost a running workload nothing and are not counted;
+- the CPU it got (cgroup usage) and the CPU it waited for (the eBPF run-queue wait of its
+  tasks), while held and while free: wanted = got + waited, and satisfaction = got / wanted.
+  Without the eBPF run-queue program the wait is unknown and satisfaction is not given
+  (never guessed from PSI, which counts stalled wall time, not the tasks' CPU demand);
+- how often it was evicted (the ledger's audit), and in how many incidents attribution named
+  it the first suspect: the repeat culprits.
+
+Kept in its own SQLite file beside the ledger (`guard_cost.db`, on the agent's hostPath), so a
+restarted agent goes on counting; flushed every FLUSH_S and on close. Bounded: at most
+MAX_WORKLOADS workloads (the least recently seen go first, counted in `dropped`), because pod
+names come from whoever may create pods.
+
+Lever time is integrated over the agent's ticks, with each step capped at MAX_STEP_S: while
+the agent is down a lever stays in force but is not counted (the figure is a lower bound
+across restarts, said in docs/attribution.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sloguard.actuators.ladder import TARGETS_KEY
+from sloguard.collectors.cgroup_ids import WORKLOAD_LEVELS
+from sloguard.core.samples import Sample
+from sloguard.core.suspects import workload_name
+from sloguard.store.sqlite import open_db
+
+MAX_WORKLOADS = 500
+FLUSH_S = 10.0
+MAX_STEP_S = 5.0  # a longer gap between ticks is the agent stopped or stalled, not lever time
+CPU_MEASUREMENT = "container_cpu"
+WAIT_MEASUREMENT = "ebpf_runqueue"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS guard_cost (
+    workload TEXT PRIMARY KEY,
+    data TEXT NOT NULL,
+    last_seen_ns INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS guard_named (
+    incident TEXT NOT NULL,
+    workload TEXT NOT NULL,
+    PRIMARY KEY (incident, workload)
+);
+CREATE TABLE IF NOT EXISTS guard_state (
+    name TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+"""
+
+
+@dataclass
+class WorkloadCost:
+    """One BE workload's account. CPU figures are core-seconds."""
+
+    workload: str  # how people name it (namespace/pod, the declared name, or the cgroup)
+    tags: dict[str, str] = field(default_factory=dict)  # cgroup, namespace, pod, ...
+    first_ns: int = 0
+    last_seen_ns: int = 0
+    lever_s: dict[str, float] = field(default_factory=dict)  # lever kind -> seconds under it
+    held_s: float = 0.0  # seconds under any lever
+    got_held: float = 0.0
+    waited_held: float = 0.0
+    got_free: float = 0.0
+    waited_free: float = 0.0
+    waits_seen: bool = False  # an eBPF run-queue sample arrived: the wait is known
+    evictions: int = 0
+    named_first: int = 0  # incidents in which attribution ranked it first
+
+    def satisfaction(self, held: bool) -> float | None:
+        """got / wanted while held (or free); None where the wait is unknown or nothing ran."""
+        got, waited = (self.got_held, self.waited_held) if held else (self.got_free,
+                                                                        self.waited_free)
+        if not self.waits_seen or got + waited <= 0:
+            return None
+        return got / (got + waited)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "workload": self.workload, "tags": dict(self.tags), "first_ns": self.first_ns,
+            "last_seen_ns": self.last_seen_ns,
+            "lever_seconds": {k: round(v, 3) for k, v in sorted(self.lever_s.items())},
+            "held_seconds": round(self.held_s, 3),
+            "cpu_held": {"got": round(self.got_held, 3),
+                         "wanted": round(self.got_held + self.waited_held, 3)
+                         if self.waits_seen else None,
+                         "satisfaction": _round(self.satisfaction(True))},
+            "cpu_free": {"got": round(self.got_free, 3),
+                         "wanted": round(self.got_free + self.waited_free, 3)
+                         if self.waits_seen else None,
+                         "satisfaction": _round(self.satisfaction(False))},
+            "evictions": self.evictions, "named_first": self.named_first,
+        }
+
+    def _state(self) -> dict[str, Any]:
+        return {"tags": self.tags, "first_ns": self.first_ns, "lever_s": self.lever_s,
+                "held_s": self.held_s, "got_held": self.got_held,
+                "waited_held": self.waited_held, "got_free": self.got_free,
+                "waited_free": self.waited_free, "waits_seen": self.waits_seen,
+                "evictions": self.evictions, "named_first": self.named_first}
+
+    @classmethod
+    def _from_state(cls, workload: str, data: dict[str, Any], last_seen_ns: int) -> WorkloadCost:
+        cost = cls(workload, last_seen_ns=last_seen_ns)
+        cost.tags = {str(k): str(v) for k, v in dict(data.get("tags") or {}).items()}
+        cost.first_ns = int(data.get("first_ns", 0))
+        cost.lever_s = {str(k): float(v) for k, v in dict(data.get("lever_s") or {}).items()}
+        for name in ("held_s", "got_held", "waited_held", "got_free", "waited_free"):
+            setattr(cost, name, float(data.get(name, 0.0)))
+        cost.waits_seen = bool(data.get("waits_seen", False))
+        cost.evictions = int(data.get("evictions", 0))
+        cost.named_first = int(data.get("named_first", 0))
+        return cost
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+class GuardCost:
+    """The accountant, fed by the agent's loop: `observe(samples)` after each collection,
+    `tick(...)` after the ladder. Reads (`costs`) are safe from the API's threads."""
+
+    def __init__(self, path: Path, per_workload: Callable[[str], bool],
+                 max_workloads: int = MAX_WORKLOADS) -> None:
+        if max_workloads < 1:
+            raise ValueError("max_workloads must be >= 1")
+        self.path = Path(path)
+        self.per_workload = per_workload
+        self.max_workloads = max_workloads
+        self._lock = threading.Lock()
+        self._conn = open_db(self.path, _SCHEMA, "the guard-cost account")
+        self._costs: dict[str, WorkloadCost] = {}
+        self._held: dict[str, set[str]] = {}  # cgroup -> lever kinds in force over it
+        self._usage_prev: dict[str, float] = {}  # cgroup -> usage_seconds_total last seen
+        self._named: set[tuple[str, str]] = set()
+        self._dirty: set[str] = set()
+        self._last_mono: float | None = None
+        self._last_flush: float | None = None
+        self.dropped = 0
+        self._audit_cursor = 0
+        self._load()
+
+    # -- feeding -------------------------------------------------------------------------
+
+    def observe(self, samples: Iterable[Sample]) -> None:
+        """CPU got and waited by BE workloads in the interval these samples close, charged
+        to held or free by the levers in force over it (as of the last tick)."""
+        with self._lock:
+            for sample in samples:
+                tags = sample.tags
+                if tags.get("class") != "BE" or tags.get("level") not in WORKLOAD_LEVELS:
+                    continue
+                cgroup = tags.get("cgroup", "")
+                if sample.measurement == CPU_MEASUREMENT:
+                    total = sample.fields.get("usage_seconds_total")
+                    if total is None:
+                        continue
+                    prev = self._usage_prev.get(cgroup)
+                    self._usage_prev[cgroup] = total
+                    if prev is None or total < prev:  # first sight, or a new cgroup by name
+                        continue
+                    cost = self._cost(tags, sample.time_ns)
+                    if cost is None:
+                        continue
+                    if self._held.get(cgroup):
+                        cost.got_held += total - prev
+                    else:
+                        cost.got_free += total - prev
+                elif sample.measurement == WAIT_MEASUREMENT:
+                    waited = sample.fields.get("total_us")
+                    cost = self._cost(tags, sample.time_ns)
+                    if waited is None or cost is None:
+                        continue
+                    cost.waits_seen = True
+                    if self._held.get(cgroup):
+                        cost.waited_held += waited / 1e6
+                    else:
+                        cost.waited_free += waited / 1e6
+                else:
+                    continue
+                self._dirty.add(cost.workload)
+
+    def tick(self, now_ns: int, mono_s: float, inventory: list[dict[str, str]],
+             rungs: Iterable[Any], firing: Iterable[Any],
+             audit: Callable[[int], list[Any]] | None = None) -> None:
+        """Lever time since the last tick, the levers in force from now on, the incidents'
+        first suspects, and (every FLUSH_S) the evictions in the audit and a flush to disk."""
+        be = [w for w in inventory if w.get("class") == "BE" and w.get("cgroup")]
+        held: dict[str, set[str]] = {}
+        for rung in rungs:
+            if rung.status != "done" or rung.dry_run or not self.per_workload(rung.kind):
+                continue
+            narrowed = rung.undo.get(TARGETS_KEY) if isinstance(rung.undo, dict) else None
+            covered = {c for c in narrowed if isinstance(c, str)} if narrowed else None
+            for w in be:
+                if covered is None or w["cgroup"] in covered:
+                    held.setdefault(w["cgroup"], set()).add(rung.kind)
+        with self._lock:
+            step = 0.0 if self._last_mono is None else min(max(0.0, mono_s - self._last_mono),
+                                                           MAX_STEP_S)
+            self._last_mono = mono_s
+            for w in be:
+                cost = self._cost(w, now_ns)
+                if cost is None:
+                    continue
+                kinds = self._held.get(w["cgroup"], set())
+                if kinds and step:
+                    cost.held_s += step
+                    for kind in kinds:
+                        cost.lever_s[kind] = cost.lever_s.get(kind, 0.0) + step
+                self._dirty.add(cost.workload)
+            self._held = held
+            for incident in firing:
+                suspects = getattr(incident, "suspects", None) or []
+                if not suspects or not isinstance(suspects[0], dict):
+                    continue
+                first = suspects[0]
+                name = workload_name({**dict(first.get("workload") or {}),
+                                      "cgroup": str(first.get("cgroup", ""))})
+                key = (str(incident.id), name)
+                cost = self._costs.get(name)
+                if cost is None or key in self._named:
+                    continue  # not a workload on this node now, or counted already
+                self._named.add(key)
+                cost.named_first += 1
+                self._dirty.add(name)
+                with contextlib.suppress(sqlite3.Error):  # kept in memory, and in `data`
+                    self._conn.execute("INSERT OR IGNORE INTO guard_named VALUES (?, ?)", key)
+            due = self._last_flush is None or mono_s - self._last_flush >= FLUSH_S
+        if due:
+            if audit is not None:
+                self._count_evictions(audit, now_ns)
+            self.flush()
+            self._last_flush = mono_s
+
+    def _count_evictions(self, audit: Callable[[int], list[Any]], now_ns: int) -> None:
+        """Evictions done for real since the last look (the audit's ids only grow)."""
+        for _ in range(100):  # at most 10,000 entries a look: the rest on the next
+            entries = audit(self._audit_cursor)
+            if not entries:
+                return
+            with self._lock:
+                for entry in entries:
+                    self._audit_cursor = max(self._audit_cursor, int(entry.id or 0))
+                    if entry.kind != "evict" or entry.action != "apply" or \
+                            entry.status != "done" or entry.dry_run:
+                        continue
+                    ref = entry.target.removeprefix("pod/")
+                    namespace, _, pod = ref.partition("/")
+                    cost = self._cost({"namespace": namespace, "pod": pod}, now_ns)
+                    if cost is not None:
+                        cost.evictions += 1
+                        self._dirty.add(cost.workload)
+
+    def _cost(self, tags: dict[str, str], now_ns: int) -> WorkloadCost | None:
+        """The workload's account, made on first sight (lock held)."""
+        name = workload_name(tags)
+        if not name:
+            return None
+        cost = self._costs.get(name)
+        if cost is None:
+            if len(self._costs) >= self.max_workloads:
+                oldest = min(self._costs.values(), key=lambda c: c.last_seen_ns)
+                del self._costs[oldest.workload]
+                self._conn.execute("DELETE FROM guard_cost WHERE workload = ?",
+                                   (oldest.workload,))
+                self._dirty.discard(oldest.workload)
+                self.dropped += 1
+            cost = self._costs[name] = WorkloadCost(name, first_ns=now_ns)
+        if tags.get("cgroup"):
+            cost.tags = {k: v for k, v in tags.items()
+                         if k in ("cgroup", "namespace", "pod", "workload", "qos")}
+        cost.last_seen_ns = max(cost.last_seen_ns, now_ns)
+        return cost
+
+    # -- persistence ---------------------------------------------------------------------
+
+    def _load(self) -> None:
+        try:
+            rows = self._conn.execute(
+                "SELECT workload, data, last_seen_ns FROM guard_cost").fetchall()
+            named = self._conn.execute("SELECT incident, workload FROM guard_named").fetchall()
+            state = dict(self._conn.execute("SELECT name, value FROM guard_state").fetchall())
+        except sqlite3.Error:
+            return  # an unreadable account starts again; the ledger is what must not be lost
+        for workload, data, last_seen in rows:
+            try:
+                self._costs[workload] = WorkloadCost._from_state(workload, json.loads(data),
+                                                                  int(last_seen))
+            except (ValueError, TypeError, AttributeError):
+                continue
+        self._named = {(str(i), str(w)) for i, w in named}
+        self._audit_cursor = int(state.get("audit_cursor", 0))
+
+    def flush(self) -> None:
+        with self._lock:
+            rows = [(c.workload, json.dumps(c._state()), c.last_seen_ns)
+                    for name in self._dirty if (c := self._costs.get(name)) is not None]
+            self._dirty.clear()
+            self._named = {key for key in self._named if key[1] in self._costs}
+            try:
+                self._conn.execute("BEGIN")
+                self._conn.executemany(
+                    "INSERT OR REPLACE INTO guard_cost VALUES (?, ?, ?)", rows)
+                self._conn.execute("INSERT OR REPLACE INTO guard_state VALUES (?, ?)",
+                                   ("audit_cursor", self._audit_cursor))
+                # incidents are pruned in their store; these keys only feed named_first
+                self._conn.execute(
+                    "DELETE FROM guard_named WHERE workload NOT IN "
+                    "(SELECT workload FROM guard_cost)")
+                self._conn.execute("COMMIT")
+            except sqlite3.Error:
+                self._conn.execute("ROLLBACK") if self._conn.in_transaction else None
+                self._dirty.update(r[0] for r in rows)  # kept in memory; next flush retries
+
+    def close(self) -> None:
+        self.flush()
+        with self._lock:
+            self._conn.close()
+
+    # -- reading -------------------------------------------------------------------------
+
+    def costs(self) -> list[dict[str, Any]]:
+        """Every workload's account, the most held first."""
+        with self._lock:
+            found = [c.to_dict() for c in self._costs.values()]
+        found.sort(key=lambda c: (-c["held_seconds"], -c["evictions"], c["workload"]))
+        return found
+
+    def held_now(self) -> dict[str, list[str]]:
+        """cgroup -> the lever kinds in force over it now."""
+        with self._lock:
+            return {cgroup: sorted(kinds) for cgroup, kinds in self._held.items()}
