@@ -14,22 +14,32 @@ its incident list shows. Per BE workload this keeps:
 - how often it was evicted (the ledger's audit), and in how many incidents attribution named
   it the first suspect: the repeat culprits.
 
-Kept in its own SQLite file beside the ledger (`guard_cost.db`, on the agent's hostPath), so a
-restarted agent goes on counting; flushed every FLUSH_S and on close. Bounded: at most
-MAX_WORKLOADS workloads (the least recently seen go first, counted in `dropped`), because pod
-names come from whoever may create pods.
+A rung covers the cgroups it wrote (its undo record's `writes`, and everything beneath them:
+a lever on the besteffort QoS cgroup holds every pod in it), else the cgroups a suspect rung
+was narrowed to, else (a lever that records no paths, resctrl) every BE workload.
 
-Lever time is integrated over the agent's ticks, with each step capped at MAX_STEP_S: while
-the agent is down a lever stays in force but is not counted (the figure is a lower bound
-across restarts, said in docs/attribution.md).
+Kept in its own SQLite file beside the ledger (`guard_cost.db`, on the agent's hostPath), so a
+restarted agent goes on counting; every change is written in one transaction every FLUSH_S
+and on close (a crash loses at most that much, never half of it). Bounded: at most
+MAX_WORKLOADS accounts (the least recently seen go first, counted in `dropped`), and the
+working sets (counters, first-suspect keys) to the workloads and incidents of now, because
+pod names come from whoever may create pods. An unreadable file is moved aside and the
+account starts again: what guarding cost is worth less than the guard starting.
+
+Lever time is integrated over the agent's ticks, each step capped at `max_step_s` (a few
+ticks): while the agent is down a lever stays in force but is not counted (a lower bound
+across restarts, said in docs/attribution.md). Accounts are per workload name (namespace/pod):
+a Job's next pod starts an account of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,11 +49,14 @@ from sloguard.actuators.ladder import TARGETS_KEY
 from sloguard.collectors.cgroup_ids import WORKLOAD_LEVELS
 from sloguard.core.samples import Sample
 from sloguard.core.suspects import workload_name
+from sloguard.store import StoreError
 from sloguard.store.sqlite import open_db
+
+log = logging.getLogger(__name__)
 
 MAX_WORKLOADS = 500
 FLUSH_S = 10.0
-MAX_STEP_S = 5.0  # a longer gap between ticks is the agent stopped or stalled, not lever time
+MAX_STEP_S = 5.0  # default: a longer gap between ticks is the agent stopped, not lever time
 CPU_MEASUREMENT = "container_cpu"
 WAIT_MEASUREMENT = "ebpf_runqueue"
 
@@ -133,29 +146,76 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
+def covered(undo: Any, cgroups: list[str]) -> list[str]:
+    """The BE cgroups (tags) a rung in force holds: at or under a cgroup it wrote; else the
+    suspects it was narrowed to; else, for a lever that records no paths, all of them."""
+    if not isinstance(undo, dict):
+        return list(cgroups)
+    writes = undo.get("writes")
+    if isinstance(writes, list):
+        roots = {w["cgroup"].rstrip("/") or "/" for w in writes
+                 if isinstance(w, dict) and isinstance(w.get("cgroup"), str)}
+    elif isinstance(undo.get(TARGETS_KEY), list):
+        roots = {c.rstrip("/") or "/" for c in undo[TARGETS_KEY] if isinstance(c, str)}
+    else:
+        return list(cgroups)
+    if "/" in roots:
+        return list(cgroups)
+    held = []
+    for cgroup in cgroups:  # its path and each ancestor: linear in the path's depth
+        path = cgroup.rstrip("/")
+        while path:
+            if path in roots:
+                held.append(cgroup)
+                break
+            path = path.rpartition("/")[0]
+    return held
+
+
 class GuardCost:
     """The accountant, fed by the agent's loop: `observe(samples)` after each collection,
     `tick(...)` after the ladder. Reads (`costs`) are safe from the API's threads."""
 
     def __init__(self, path: Path, per_workload: Callable[[str], bool],
-                 max_workloads: int = MAX_WORKLOADS) -> None:
+                 max_workloads: int = MAX_WORKLOADS, max_step_s: float = MAX_STEP_S,
+                 audit_start: int = 0) -> None:
+        """`audit_start`: on a new account, the audit id evictions are counted after (the
+        ledger's last, so that an upgraded agent does not fill the account with the pods it
+        evicted before it kept one)."""
         if max_workloads < 1:
             raise ValueError("max_workloads must be >= 1")
+        if max_step_s <= 0:
+            raise ValueError("max_step_s must be > 0")
         self.path = Path(path)
         self.per_workload = per_workload
         self.max_workloads = max_workloads
-        self._lock = threading.Lock()
-        self._conn = open_db(self.path, _SCHEMA, "the guard-cost account")
+        self.max_step_s = max_step_s
+        self._lock = threading.Lock()  # the accounts (API threads read them)
+        self._conn = self._open()
         self._costs: dict[str, WorkloadCost] = {}
         self._held: dict[str, set[str]] = {}  # cgroup -> lever kinds in force over it
         self._usage_prev: dict[str, float] = {}  # cgroup -> usage_seconds_total last seen
-        self._named: set[tuple[str, str]] = set()
+        self._named: set[tuple[str, str]] = set()  # (incident, workload) counted, while firing
         self._dirty: set[str] = set()
+        self._gone: set[str] = set()  # accounts dropped, deleted on the next flush
         self._last_mono: float | None = None
         self._last_flush: float | None = None
         self.dropped = 0
-        self._audit_cursor = 0
+        self._audit_cursor: int | None = None
         self._load()
+        if self._audit_cursor is None:
+            self._audit_cursor = audit_start
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            return open_db(self.path, _SCHEMA, "the guard-cost account")
+        except StoreError as exc:
+            aside = self.path.with_name(f"{self.path.name}.unreadable-{int(time.time())}")
+            log.error("%s; moved aside to %s, the account starts again", exc, aside.name)
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(OSError):
+                    Path(f"{self.path}{suffix}").rename(f"{aside}{suffix}")
+            return open_db(self.path, _SCHEMA, "the guard-cost account")
 
     # -- feeding -------------------------------------------------------------------------
 
@@ -203,19 +263,20 @@ class GuardCost:
         """Lever time since the last tick, the levers in force from now on, the incidents'
         first suspects, and (every FLUSH_S) the evictions in the audit and a flush to disk."""
         be = [w for w in inventory if w.get("class") == "BE" and w.get("cgroup")]
+        cgroups = [w["cgroup"] for w in be]
         held: dict[str, set[str]] = {}
         for rung in rungs:
             if rung.status != "done" or rung.dry_run or not self.per_workload(rung.kind):
                 continue
-            narrowed = rung.undo.get(TARGETS_KEY) if isinstance(rung.undo, dict) else None
-            covered = {c for c in narrowed if isinstance(c, str)} if narrowed else None
-            for w in be:
-                if covered is None or w["cgroup"] in covered:
-                    held.setdefault(w["cgroup"], set()).add(rung.kind)
+            for cgroup in covered(rung.undo, cgroups):
+                held.setdefault(cgroup, set()).add(rung.kind)
+        firing = list(firing)
         with self._lock:
             step = 0.0 if self._last_mono is None else min(max(0.0, mono_s - self._last_mono),
-                                                           MAX_STEP_S)
+                                                           self.max_step_s)
             self._last_mono = mono_s
+            live = set(cgroups)
+            self._usage_prev = {c: v for c, v in self._usage_prev.items() if c in live}
             for w in be:
                 cost = self._cost(w, now_ns)
                 if cost is None:
@@ -227,6 +288,8 @@ class GuardCost:
                         cost.lever_s[kind] = cost.lever_s.get(kind, 0.0) + step
                 self._dirty.add(cost.workload)
             self._held = held
+            ids = {str(incident.id) for incident in firing}
+            self._named = {key for key in self._named if key[0] in ids}
             for incident in firing:
                 suspects = getattr(incident, "suspects", None) or []
                 if not suspects or not isinstance(suspects[0], dict):
@@ -238,11 +301,9 @@ class GuardCost:
                 cost = self._costs.get(name)
                 if cost is None or key in self._named:
                     continue  # not a workload on this node now, or counted already
-                self._named.add(key)
+                self._named.add(key)  # written with the count, in the flush's transaction
                 cost.named_first += 1
                 self._dirty.add(name)
-                with contextlib.suppress(sqlite3.Error):  # kept in memory, and in `data`
-                    self._conn.execute("INSERT OR IGNORE INTO guard_named VALUES (?, ?)", key)
             due = self._last_flush is None or mono_s - self._last_flush >= FLUSH_S
         if due:
             if audit is not None:
@@ -253,18 +314,19 @@ class GuardCost:
     def _count_evictions(self, audit: Callable[[int], list[Any]], now_ns: int) -> None:
         """Evictions done for real since the last look (the audit's ids only grow)."""
         for _ in range(100):  # at most 10,000 entries a look: the rest on the next
-            entries = audit(self._audit_cursor)
+            entries = audit(self._audit_cursor or 0)
             if not entries:
                 return
             with self._lock:
                 for entry in entries:
-                    self._audit_cursor = max(self._audit_cursor, int(entry.id or 0))
+                    self._audit_cursor = max(self._audit_cursor or 0, int(entry.id or 0))
                     if entry.kind != "evict" or entry.action != "apply" or \
                             entry.status != "done" or entry.dry_run:
                         continue
                     ref = entry.target.removeprefix("pod/")
                     namespace, _, pod = ref.partition("/")
-                    cost = self._cost({"namespace": namespace, "pod": pod}, now_ns)
+                    cost = self._cost({"namespace": namespace, "pod": pod},
+                                      min(now_ns, int(entry.time_ns)))
                     if cost is not None:
                         cost.evictions += 1
                         self._dirty.add(cost.workload)
@@ -279,11 +341,11 @@ class GuardCost:
             if len(self._costs) >= self.max_workloads:
                 oldest = min(self._costs.values(), key=lambda c: c.last_seen_ns)
                 del self._costs[oldest.workload]
-                self._conn.execute("DELETE FROM guard_cost WHERE workload = ?",
-                                   (oldest.workload,))
+                self._gone.add(oldest.workload)  # deleted on disk by the next flush
                 self._dirty.discard(oldest.workload)
                 self.dropped += 1
             cost = self._costs[name] = WorkloadCost(name, first_ns=now_ns)
+            self._gone.discard(name)
         if tags.get("cgroup"):
             cost.tags = {k: v for k, v in tags.items()
                          if k in ("cgroup", "namespace", "pod", "workload", "qos")}
@@ -307,28 +369,37 @@ class GuardCost:
             except (ValueError, TypeError, AttributeError):
                 continue
         self._named = {(str(i), str(w)) for i, w in named}
-        self._audit_cursor = int(state.get("audit_cursor", 0))
+        if "audit_cursor" in state:
+            self._audit_cursor = int(state["audit_cursor"])
 
     def flush(self) -> None:
+        """Every change since the last flush in one transaction (the loop's thread only): the
+        accounts, the first-suspect keys that go with their counts, the audit cursor."""
         with self._lock:
             rows = [(c.workload, json.dumps(c._state()), c.last_seen_ns)
                     for name in self._dirty if (c := self._costs.get(name)) is not None]
+            gone, named, cursor = list(self._gone), sorted(self._named), self._audit_cursor
             self._dirty.clear()
-            self._named = {key for key in self._named if key[1] in self._costs}
-            try:
-                self._conn.execute("BEGIN")
-                self._conn.executemany(
-                    "INSERT OR REPLACE INTO guard_cost VALUES (?, ?, ?)", rows)
-                self._conn.execute("INSERT OR REPLACE INTO guard_state VALUES (?, ?)",
-                                   ("audit_cursor", self._audit_cursor))
-                # incidents are pruned in their store; these keys only feed named_first
-                self._conn.execute(
-                    "DELETE FROM guard_named WHERE workload NOT IN "
-                    "(SELECT workload FROM guard_cost)")
-                self._conn.execute("COMMIT")
-            except sqlite3.Error:
-                self._conn.execute("ROLLBACK") if self._conn.in_transaction else None
-                self._dirty.update(r[0] for r in rows)  # kept in memory; next flush retries
+            self._gone.clear()
+        try:  # the API's readers go on meanwhile: they read the accounts, not the file
+            self._conn.execute("BEGIN")
+            self._conn.executemany("DELETE FROM guard_cost WHERE workload = ?",
+                                   [(name,) for name in gone])
+            self._conn.executemany("INSERT OR REPLACE INTO guard_cost VALUES (?, ?, ?)", rows)
+            self._conn.execute("DELETE FROM guard_named")
+            self._conn.executemany("INSERT INTO guard_named VALUES (?, ?)", named)
+            self._conn.execute("INSERT OR REPLACE INTO guard_state VALUES (?, ?)",
+                               ("audit_cursor", cursor or 0))
+            self._conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if self._conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.execute("ROLLBACK")
+            log.warning("the guard-cost account could not be written (kept in memory, "
+                        "written again next time): %s", exc)
+            with self._lock:  # kept in memory; the next flush writes it
+                self._dirty.update(r[0] for r in rows)
+                self._gone.update(name for name in gone if name not in self._costs)
 
     def close(self) -> None:
         self.flush()

@@ -346,6 +346,12 @@ class Ledger:
         return [AuditEntry(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8], r[9],
                            r[10], r[11], r[12]) for r in rows]
 
+    def last_audit_id(self) -> int:
+        """The newest audit entry's id (0 when there is none)."""
+        with self._lock:
+            return int(self._conn.execute("SELECT COALESCE(MAX(id), 0) FROM audit")
+                       .fetchone()[0])
+
     def count_after(self, after_id: int) -> int:
         with self._lock:
             return int(self._conn.execute(

@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from sloguard.actuators.env import ActuatorEnv
-from sloguard.actuators.guard_cost import GuardCost
+from sloguard.actuators.guard_cost import MAX_STEP_S, GuardCost
 from sloguard.actuators.kinds import StepFactory
 from sloguard.actuators.ladder import Ladder
 from sloguard.actuators.ledger import Ledger
@@ -97,7 +97,10 @@ class Agent:
         self.attributor = Attributor(
             settings.attribution, as_reader(self.store),
             self.cgroups.workloads if self.cgroups else (lambda: []), self.engine.save)
-        self.guard_cost = GuardCost(data_dir / "guard_cost.db", self._per_workload)
+        self.guard_cost = GuardCost(
+            data_dir / "guard_cost.db", self._per_workload,
+            max_step_s=max(MAX_STEP_S, 3 * settings.interval),  # a slow tick is still counted
+            audit_start=self.ledger.last_audit_id())
         self.registry.register(GuardCostMetrics(self.guard_cost.costs,
                                                 lambda: self.guard_cost.dropped))
         self._calls: queue.SimpleQueue[tuple[Any, Future]] = queue.SimpleQueue()
@@ -399,7 +402,10 @@ class Agent:
             self.metrics.samples_collected.labels(collector.name).inc(len(samples))
             self._enqueue(samples)
             self.windows.add(samples, now_ns=now_ns)  # detection goes on while the store fails
-            self.guard_cost.observe(samples)
+            try:  # an account's failure never holds up detection
+                self.guard_cost.observe(samples)
+            except Exception:
+                log.exception("the guard-cost account failed")
         self._flush()
         mono = mono_ns / 1e9
         if mono >= self._next_reload:

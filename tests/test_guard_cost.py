@@ -16,8 +16,9 @@ from support.ebpf import need_bcc
 from support.suspects_node import T0, Node
 from test_agent_e2e import AgentProcess
 
-from sloguard.actuators.guard_cost import FLUSH_S, GuardCost
-from sloguard.actuators.ledger import AuditEntry
+from sloguard.actuators.guard_cost import FLUSH_S, GuardCost, covered
+from sloguard.actuators.ladder import TARGETS_KEY
+from sloguard.actuators.ledger import AuditEntry, RungState
 from sloguard.core.samples import Sample
 from sloguard.core.selfmetrics import GuardCostMetrics
 
@@ -115,12 +116,11 @@ def test_lever_time_cpu_and_the_first_suspect_follow_the_ladder(node, tmp_path):
     # the account goes on after a restart: nothing lost, nothing counted twice
     again = _account(node, tmp_path)
     assert again.costs() == before
-    node.incident.state = "firing"
-    again.tick(T0 + 60 * S, 60.0, feed.inventory, [], [node.incident], node.ledger.audit_after)
+    again.tick(T0 + 60 * S, 60.0, feed.inventory, [], [], node.ledger.audit_after)
     after = {c["workload"]: c for c in again.costs()}
-    assert after["antagonist"]["named_first"] == 1  # the same incident
     assert after["batch/be-x"]["evictions"] == 1  # the same audit entry
-    node.incident.id = "inc-2"
+    assert after["antagonist"]["named_first"] == 1
+    node.incident.id, node.incident.state = "inc-2", "firing"
     again.tick(T0 + 61 * S, 61.0, feed.inventory, [], [node.incident], node.ledger.audit_after)
     assert {c["workload"]: c for c in again.costs()}["antagonist"]["named_first"] == 2
     again.close()
@@ -154,6 +154,12 @@ def test_the_account_is_bounded_whatever_pods_a_node_sees(tmp_path):
     assert len(names) == 3 and all(name.startswith("batch/job-") for name in names)
     assert {name[len("batch/job-")] for name in names} == {"2", "3", "4"}
     assert cost.dropped == 2
+    # the working sets follow the workloads and incidents of now, whatever came before
+    cost.observe([Sample("container_cpu", {"cgroup": f"/gone-{n}", "class": "BE",
+                                           "level": "pod", "namespace": "x", "pod": str(n)},
+                         {"usage_seconds_total": 1.0}, T0) for n in range(1000)])
+    cost.tick(T0 + 9 * S, 9.0, [], [], [])
+    assert cost._usage_prev == {} and cost._named == set()
     cost.close()
     again = GuardCost(tmp_path / "g.db", lambda kind: True, max_workloads=3)
     assert sorted(c["workload"] for c in again.costs()) == sorted(names)
@@ -162,6 +168,79 @@ def test_the_account_is_bounded_whatever_pods_a_node_sees(tmp_path):
     assert len(re.findall(r"^sloguard_be_held_seconds_total\{", generate_latest(registry)
                           .decode(), re.M)) == 3
     again.close()
+
+
+def _rung(kind: str, undo: dict, status: str = "done", dry_run: bool = False) -> RungState:
+    return RungState("guard", 0, kind, status, "inc-1", dry_run, undo, T0)
+
+
+def test_a_rung_holds_what_it_wrote_and_only_levers_on_workloads_count(tmp_path):
+    """A lever on the besteffort QoS cgroup holds the pods under it, not a BE cgroup beside
+    it; a suspect rung its suspects; a lever that records no paths the whole tier. Dry-run,
+    proposed and failed rungs hold nothing, and node steps (cordon) cost a workload nothing."""
+    qos = "/kubepods/besteffort"
+    inventory = [{"cgroup": f"{qos}/pod-a", "class": "BE", "level": "pod", "namespace": "b",
+                  "pod": "a"},
+                 {"cgroup": f"{qos}/pod-b", "class": "BE", "level": "pod", "namespace": "b",
+                  "pod": "b"},
+                 {"cgroup": "/batch/declared", "class": "BE", "level": "cgroup",
+                  "workload": "declared"},
+                 {"cgroup": f"{qos}x/pod-c", "class": "BE", "level": "pod", "namespace": "b",
+                  "pod": "c"},  # a name that only begins like the QoS cgroup
+                 {"cgroup": "/kubepods/pod-ls", "class": "LS", "level": "pod",
+                  "namespace": "shop", "pod": "redis"}]
+    cgroups = [w["cgroup"] for w in inventory if w["class"] == "BE"]
+    assert covered({"writes": [{"cgroup": qos, "file": "x"}]}, cgroups) == [
+        f"{qos}/pod-a", f"{qos}/pod-b"]
+    assert covered({"writes": [], TARGETS_KEY: ["/batch/declared"]}, cgroups) == []
+    assert covered({TARGETS_KEY: ["/batch/declared"]}, cgroups) == ["/batch/declared"]
+    assert covered({"group": "/sys/fs/resctrl/sloguard-be"}, cgroups) == cgroups
+    assert covered({"writes": [{"cgroup": "/"}]}, cgroups) == cgroups
+
+    per_workload = {"cpu_idle": True, "resctrl": True, "cordon": False}
+    cost = GuardCost(tmp_path / "g.db", per_workload.__getitem__)
+    rungs = [_rung("cpu_idle", {"writes": [{"cgroup": qos}]}),
+             _rung("resctrl", {"group": "g"}, dry_run=True),
+             _rung("resctrl", {"group": "g"}, status="proposed"),
+             _rung("resctrl", {"group": "g"}, status="failed"),
+             _rung("cordon", {"was_unschedulable": False})]
+    for second in range(4):
+        cost.tick(T0 + second * S, float(second), inventory, rungs, [])
+    held = {c["workload"]: c["lever_seconds"] for c in cost.costs()}
+    assert held == {"b/a": {"cpu_idle": 3.0}, "b/b": {"cpu_idle": 3.0}, "declared": {},
+                    "b/c": {}}
+    cost.close()
+
+
+def test_a_crash_loses_at_most_the_last_flush_and_never_counts_twice(node, tmp_path):
+    """SIGKILL-like: no close. What was flushed is there; what was not is counted again once
+    (a first suspect named since the last flush is named again, not lost for good)."""
+    node.suspect("antagonist")
+    feed = Feed(node, _account(node, tmp_path))
+    feed.step(0)  # the first tick flushes: the incident's first suspect with its count
+    node.incident.id = "inc-2"
+    feed.step(1)  # named first for inc-2 too, not flushed yet
+    assert {c["workload"]: c for c in feed.cost.costs()}["antagonist"]["named_first"] == 2
+    crashed = _account(node, tmp_path)  # the old one never closed
+    assert {c["workload"]: c for c in crashed.costs()}["antagonist"]["named_first"] == 1
+    crashed.tick(T0 + 2 * S, 2.0, feed.inventory, node.ledger.rungs(), [node.incident])
+    assert {c["workload"]: c for c in crashed.costs()}["antagonist"]["named_first"] == 2
+    crashed.close()
+    again = _account(node, tmp_path)
+    again.tick(T0 + 3 * S, 3.0, feed.inventory, node.ledger.rungs(), [node.incident])
+    assert {c["workload"]: c for c in again.costs()}["antagonist"]["named_first"] == 2
+    again.close()
+
+
+def test_an_unreadable_account_is_moved_aside_and_history_is_not_replayed(tmp_path):
+    path = tmp_path / "g.db"
+    path.write_bytes(b"not a database" * 100)
+    cost = GuardCost(path, lambda kind: True, audit_start=7)
+    assert cost.costs() == [] and list(tmp_path.glob("g.db.unreadable-*"))
+    seen: list[int] = []
+    cost.tick(T0, 0.0, [], [], [], lambda after: seen.append(after) or [])
+    assert seen == [7]  # evictions before the account existed are not counted
+    cost.close()
 
 
 RULES = """\
@@ -236,8 +315,10 @@ def test_the_agent_shows_what_a_real_quota_costs_a_be_workload(tmp_path, real_cg
                          r" \d+", metrics), metrics
         assert 'sloguard_be_cpu_wanted_seconds_total{held="true",workload="batch"}' in metrics
         page = agent.get("/node").text
-        row = re.search(r'<table id="guard-cost">.*?<td>batch</td>(.*?)</tr>', page, re.S)
-        assert row and "cpu_quota" in row.group(1), page[-3000:]
+        assert re.search(r"<title>[^<]*</title>", page), page[:500]  # the table is not in it
+        main = page.split("<main", 1)[1]
+        row = re.search(r'<table id="guard-cost">.*?<td>batch</td>(.*?)</tr>', main, re.S)
+        assert row and "cpu_quota" in row.group(1), main[-3000:]
         assert agent.terminate() == 0
         agent = AgentProcess(sloguard_bin, config, data, log)
         assert account()["held_seconds"] >= held["held_seconds"]
