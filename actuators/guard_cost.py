@@ -12,7 +12,9 @@ its incident list shows. Per BE workload this keeps:
   Without the eBPF run-queue program the wait is unknown and satisfaction is not given
   (never guessed from PSI, which counts stalled wall time, not the tasks' CPU demand);
 - how often it was evicted (the ledger's audit), and in how many incidents attribution named
-  it the first suspect: the repeat culprits.
+  it the first suspect when the incident ended (its last ranking, the one with the most
+  evidence: a ranking at the onset may name an innocent the evidence later clears): the
+  repeat culprits.
 
 A rung covers the cgroups it wrote (its undo record's `writes`, and everything beneath them:
 a lever on the besteffort QoS cgroup holds every pod in it), else the cgroups a suspect rung
@@ -22,7 +24,7 @@ Kept in its own SQLite file beside the ledger (`guard_cost.db`, on the agent's h
 restarted agent goes on counting; every change is written in one transaction every FLUSH_S
 and on close (a crash loses at most that much, never half of it). Bounded: at most
 MAX_WORKLOADS accounts (the least recently seen go first, counted in `dropped`), and the
-working sets (counters, first-suspect keys) to the workloads and incidents of now, because
+working sets (counters, first suspects) to the workloads and incidents of now, because
 pod names come from whoever may create pods. An unreadable file is moved aside and the
 account starts again: what guarding cost is worth less than the guard starting.
 
@@ -57,6 +59,7 @@ log = logging.getLogger(__name__)
 MAX_WORKLOADS = 500
 FLUSH_S = 10.0
 MAX_STEP_S = 5.0  # default: a longer gap between ticks is the agent stopped, not lever time
+MAX_COUNTED = 1000  # incidents whose first suspect was counted, kept so none counts twice
 CPU_MEASUREMENT = "container_cpu"
 WAIT_MEASUREMENT = "ebpf_runqueue"
 
@@ -66,10 +69,13 @@ CREATE TABLE IF NOT EXISTS guard_cost (
     data TEXT NOT NULL,
     last_seen_ns INTEGER NOT NULL
 );
-CREATE TABLE IF NOT EXISTS guard_named (
-    incident TEXT NOT NULL,
-    workload TEXT NOT NULL,
-    PRIMARY KEY (incident, workload)
+CREATE TABLE IF NOT EXISTS guard_first (
+    incident TEXT PRIMARY KEY,
+    workload TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS guard_counted (
+    incident TEXT PRIMARY KEY,
+    time_ns INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS guard_state (
     name TEXT PRIMARY KEY,
@@ -94,7 +100,7 @@ class WorkloadCost:
     waited_free: float = 0.0
     waits_seen: bool = False  # an eBPF run-queue sample arrived: the wait is known
     evictions: int = 0
-    named_first: int = 0  # incidents in which attribution ranked it first
+    named_first: int = 0  # incidents that ended with attribution ranking it first
 
     def satisfaction(self, held: bool) -> float | None:
         """got / wanted while held (or free); None where the wait is unknown or nothing ran."""
@@ -195,7 +201,8 @@ class GuardCost:
         self._costs: dict[str, WorkloadCost] = {}
         self._held: dict[str, set[str]] = {}  # cgroup -> lever kinds in force over it
         self._usage_prev: dict[str, float] = {}  # cgroup -> usage_seconds_total last seen
-        self._named: set[tuple[str, str]] = set()  # (incident, workload) counted, while firing
+        self._first: dict[str, str] = {}  # firing incident -> its first suspect now
+        self._counted: dict[str, int] = {}  # incident -> when its first suspect was counted
         self._dirty: set[str] = set()
         self._gone: set[str] = set()  # accounts dropped, deleted on the next flush
         self._last_mono: float | None = None
@@ -289,21 +296,25 @@ class GuardCost:
                 self._dirty.add(cost.workload)
             self._held = held
             ids = {str(incident.id) for incident in firing}
-            self._named = {key for key in self._named if key[0] in ids}
             for incident in firing:
                 suspects = getattr(incident, "suspects", None) or []
-                if not suspects or not isinstance(suspects[0], dict):
+                if suspects and isinstance(suspects[0], dict):
+                    first = suspects[0]
+                    name = workload_name({**dict(first.get("workload") or {}),
+                                          "cgroup": str(first.get("cgroup", ""))})
+                    if name:
+                        self._first[str(incident.id)] = name
+            for incident_id in [i for i in self._first if i not in ids]:  # it has ended
+                name = self._first.pop(incident_id)
+                if incident_id in self._counted:
                     continue
-                first = suspects[0]
-                name = workload_name({**dict(first.get("workload") or {}),
-                                      "cgroup": str(first.get("cgroup", ""))})
-                key = (str(incident.id), name)
+                self._counted[incident_id] = now_ns
+                while len(self._counted) > MAX_COUNTED:
+                    del self._counted[next(iter(self._counted))]
                 cost = self._costs.get(name)
-                if cost is None or key in self._named:
-                    continue  # not a workload on this node now, or counted already
-                self._named.add(key)  # written with the count, in the flush's transaction
-                cost.named_first += 1
-                self._dirty.add(name)
+                if cost is not None:
+                    cost.named_first += 1
+                    self._dirty.add(name)
             due = self._last_flush is None or mono_s - self._last_flush >= FLUSH_S
         if due:
             if audit is not None:
@@ -358,7 +369,9 @@ class GuardCost:
         try:
             rows = self._conn.execute(
                 "SELECT workload, data, last_seen_ns FROM guard_cost").fetchall()
-            named = self._conn.execute("SELECT incident, workload FROM guard_named").fetchall()
+            first = self._conn.execute("SELECT incident, workload FROM guard_first").fetchall()
+            counted = self._conn.execute(
+                "SELECT incident, time_ns FROM guard_counted ORDER BY time_ns").fetchall()
             state = dict(self._conn.execute("SELECT name, value FROM guard_state").fetchall())
         except sqlite3.Error:
             return  # an unreadable account starts again; the ledger is what must not be lost
@@ -368,17 +381,20 @@ class GuardCost:
                                                                   int(last_seen))
             except (ValueError, TypeError, AttributeError):
                 continue
-        self._named = {(str(i), str(w)) for i, w in named}
+        self._first = {str(i): str(w) for i, w in first}
+        self._counted = {str(i): int(t) for i, t in counted}
         if "audit_cursor" in state:
             self._audit_cursor = int(state["audit_cursor"])
 
     def flush(self) -> None:
         """Every change since the last flush in one transaction (the loop's thread only): the
-        accounts, the first-suspect keys that go with their counts, the audit cursor."""
+        accounts, the incidents' first suspects and the counted incidents that go with their
+        counts, the audit cursor."""
         with self._lock:
             rows = [(c.workload, json.dumps(c._state()), c.last_seen_ns)
                     for name in self._dirty if (c := self._costs.get(name)) is not None]
-            gone, named, cursor = list(self._gone), sorted(self._named), self._audit_cursor
+            gone, cursor = list(self._gone), self._audit_cursor
+            first, counted = list(self._first.items()), list(self._counted.items())
             self._dirty.clear()
             self._gone.clear()
         try:  # the API's readers go on meanwhile: they read the accounts, not the file
@@ -386,8 +402,10 @@ class GuardCost:
             self._conn.executemany("DELETE FROM guard_cost WHERE workload = ?",
                                    [(name,) for name in gone])
             self._conn.executemany("INSERT OR REPLACE INTO guard_cost VALUES (?, ?, ?)", rows)
-            self._conn.execute("DELETE FROM guard_named")
-            self._conn.executemany("INSERT INTO guard_named VALUES (?, ?)", named)
+            self._conn.execute("DELETE FROM guard_first")
+            self._conn.executemany("INSERT INTO guard_first VALUES (?, ?)", first)
+            self._conn.execute("DELETE FROM guard_counted")
+            self._conn.executemany("INSERT INTO guard_counted VALUES (?, ?)", counted)
             self._conn.execute("INSERT OR REPLACE INTO guard_state VALUES (?, ?)",
                                ("audit_cursor", cursor or 0))
             self._conn.execute("COMMIT")

@@ -95,7 +95,7 @@ def test_lever_time_cpu_and_the_first_suspect_follow_the_ladder(node, tmp_path):
     # 45 intervals observed (the first sample only primes the counter): 4 free ones
     assert antagonist["cpu_free"]["satisfaction"] == 0.5
     assert antagonist["cpu_free"]["got"] == pytest.approx(4 * 0.5)
-    # named first once for the incident, however many ticks it was ranked first
+    # named first once for the incident, when it ended, however many ticks it was ranked
     assert antagonist["named_first"] == 1
     assert costs["napper"]["named_first"] == 0 and costs["steady"]["evictions"] == 0
     assert set(costs) == {"antagonist", "napper", "steady"}  # never an LS workload
@@ -122,6 +122,8 @@ def test_lever_time_cpu_and_the_first_suspect_follow_the_ladder(node, tmp_path):
     assert after["antagonist"]["named_first"] == 1
     node.incident.id, node.incident.state = "inc-2", "firing"
     again.tick(T0 + 61 * S, 61.0, feed.inventory, [], [node.incident], node.ledger.audit_after)
+    assert {c["workload"]: c for c in again.costs()}["antagonist"]["named_first"] == 1
+    again.tick(T0 + 62 * S, 62.0, feed.inventory, [], [], node.ledger.audit_after)  # ended
     assert {c["workload"]: c for c in again.costs()}["antagonist"]["named_first"] == 2
     again.close()
 
@@ -159,7 +161,7 @@ def test_the_account_is_bounded_whatever_pods_a_node_sees(tmp_path):
                                            "level": "pod", "namespace": "x", "pod": str(n)},
                          {"usage_seconds_total": 1.0}, T0) for n in range(1000)])
     cost.tick(T0 + 9 * S, 9.0, [], [], [])
-    assert cost._usage_prev == {} and cost._named == set()
+    assert cost._usage_prev == {} and cost._first == {}
     cost.close()
     again = GuardCost(tmp_path / "g.db", lambda kind: True, max_workloads=3)
     assert sorted(c["workload"] for c in again.costs()) == sorted(names)
@@ -213,23 +215,32 @@ def test_a_rung_holds_what_it_wrote_and_only_levers_on_workloads_count(tmp_path)
 
 
 def test_a_crash_loses_at_most_the_last_flush_and_never_counts_twice(node, tmp_path):
-    """SIGKILL-like: no close. What was flushed is there; what was not is counted again once
-    (a first suspect named since the last flush is named again, not lost for good)."""
-    node.suspect("antagonist")
+    """SIGKILL-like: no close. The first suspect counted is the one of the incident's last
+    ranking (the onset's may name an innocent that the evidence then clears), once, whatever
+    crash comes between: what was not flushed is counted again from what was."""
+    node.suspect("napper")  # the onset's ranking names an innocent ...
     feed = Feed(node, _account(node, tmp_path))
-    feed.step(0)  # the first tick flushes: the incident's first suspect with its count
-    node.incident.id = "inc-2"
-    feed.step(1)  # named first for inc-2 too, not flushed yet
-    assert {c["workload"]: c for c in feed.cost.costs()}["antagonist"]["named_first"] == 2
+    feed.step(0)  # the first tick flushes: the incident with its first suspect so far
+    node.suspect("antagonist")  # ... the evidence then names the antagonist
+    feed.step(1)  # not flushed
     crashed = _account(node, tmp_path)  # the old one never closed
-    assert {c["workload"]: c for c in crashed.costs()}["antagonist"]["named_first"] == 1
-    crashed.tick(T0 + 2 * S, 2.0, feed.inventory, node.ledger.rungs(), [node.incident])
-    assert {c["workload"]: c for c in crashed.costs()}["antagonist"]["named_first"] == 2
-    crashed.close()
-    again = _account(node, tmp_path)
-    again.tick(T0 + 3 * S, 3.0, feed.inventory, node.ledger.rungs(), [node.incident])
-    assert {c["workload"]: c for c in again.costs()}["antagonist"]["named_first"] == 2
+    rungs = node.ledger.rungs()
+    crashed.tick(T0 + 2 * S, 2.0, feed.inventory, rungs, [node.incident])  # flushes
+    crashed.tick(T0 + 3 * S, 3.0, feed.inventory, rungs, [])  # it ended: counted, unflushed
+
+    def named(cost: GuardCost) -> dict[str, int]:
+        return {c["workload"]: c["named_first"] for c in cost.costs()}
+
+    assert named(crashed) == {"antagonist": 1, "napper": 0, "steady": 0}
+    again = _account(node, tmp_path)  # crashed again before its flush
+    assert named(again)["antagonist"] == 0
+    again.tick(T0 + 4 * S, 4.0, feed.inventory, rungs, [])
+    assert named(again) == {"antagonist": 1, "napper": 0, "steady": 0}  # not lost
     again.close()
+    last = _account(node, tmp_path)
+    last.tick(T0 + 5 * S, 5.0, feed.inventory, rungs, [])
+    assert named(last)["antagonist"] == 1  # not twice
+    last.close()
 
 
 def test_an_unreadable_account_is_moved_aside_and_history_is_not_replayed(tmp_path):

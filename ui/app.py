@@ -321,7 +321,7 @@ def create_app(agent: NodeView, manage_lifecycle: bool = True) -> FastAPI:
         """What guarding has cost each BE workload, the most held first: seconds under each
         lever kind, CPU got and wanted (got + run-queue wait) while held and while free, and
         their ratio (`satisfaction`, null without the eBPF run-queue program), evictions, and
-        the incidents in which attribution named it first. Kept across restarts."""
+        the incidents that ended with attribution naming it first. Kept across restarts."""
         found = agent.guard_costs()
         if workload is not None:
             found = [c for c in found if c["workload"] == workload]

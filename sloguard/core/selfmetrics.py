@@ -176,7 +176,7 @@ class GuardCostMetrics(Collector):
                                       "Times a BE workload was evicted by the agent",
                                       labels=["workload"])
         named = CounterMetricFamily("sloguard_be_named_first_suspect",
-                                    "Incidents in which attribution ranked the workload first",
+                                    "Incidents that ended with the workload ranked first suspect",
                                     labels=["workload"])
         for cost in self.costs():
             name = cost["workload"]
