@@ -146,6 +146,7 @@ def test_the_antagonist_ranks_first_and_the_innocents_are_not_suspects(store):
     blame = next(c for c in first.clues if c.scorer == "runqueue_blame")
     assert blame.figures["share"] == pytest.approx(900 / 995, abs=1e-3)
     assert "ms for a CPU behind its tasks" in blame.text
+    assert blame.text.startswith("redis waited "), blame.text  # the victim by its name
     others = {s.cgroup: s.score for s in suspects[1:]}
     assert all(score < first.score / 5 for score in others.values()), others
     assert first.name == "antagonist"
