@@ -13,7 +13,7 @@ import pytest
 from conftest import need
 from prometheus_client import CollectorRegistry, generate_latest
 from support.ebpf import need_bcc
-from support.suspects_node import T0, Node
+from support.suspects_node import T0, Node, S
 from test_agent_e2e import AgentProcess
 
 from sloguard.actuators.guard_cost import FLUSH_S, GuardCost, covered
@@ -21,8 +21,6 @@ from sloguard.actuators.ladder import TARGETS_KEY
 from sloguard.actuators.ledger import AuditEntry, RungState
 from sloguard.core.samples import Sample
 from sloguard.core.selfmetrics import GuardCostMetrics
-
-S = 1_000_000_000
 
 
 @pytest.fixture
