@@ -617,9 +617,9 @@ def test_the_suspects_way_policy_targets_the_suspects_with_every_per_workload_le
     from sloguard.actuators.kinds import StepFactory
     from sloguard.actuators.ledger import Ledger
     from sloguard.actuators.policy import PolicySet
-    from sloguard.lab.agent import SUSPECT_LEVERS, lab_policies
+    from sloguard.lab.agent import SUSPECT_LEVERS, WAY_SUSPECT_LEVERS, lab_policies
 
-    folder = lab_policies(tmp_path / "p", kube=False, suspects=True)
+    folder = lab_policies(tmp_path / "p", kube=False, suspects=SUSPECT_LEVERS)
     [policy] = yaml.safe_load((folder / "ls-interference.yaml").read_text())["policies"]
     levers = [lever for step in policy["steps"] for lever in step.get("levers", [])]
     assert levers and all(lever.get("target") == "suspects" for lever in levers
@@ -632,3 +632,10 @@ def test_the_suspects_way_policy_targets_the_suspects_with_every_per_workload_le
     assert [r.widening for r in widened] == ["suspect", "suspect", "rest"] * 2
     plain = lab_policies(tmp_path / "q", kube=False)
     assert "target" not in (plain / "ls-interference.yaml").read_text()
+    # guarded-mixed: SCHED_IDLE stays on the tier, the levers that take CPU go to suspects
+    mixed = lab_policies(tmp_path / "m", kube=False,
+                         suspects=WAY_SUSPECT_LEVERS["guarded-mixed"])
+    [policy] = yaml.safe_load((mixed / "ls-interference.yaml").read_text())["policies"]
+    targets = {lever["step"]: lever.get("target") for step in policy["steps"]
+               for lever in step.get("levers", [])}
+    assert targets["cpu_idle"] is None and targets["cpuset"] == "suspects"

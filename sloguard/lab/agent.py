@@ -37,6 +37,11 @@ from sloguard.actuators.config import default_policy_paths
 KUBE_STEPS = ("cordon", "reduce_capacity", "evict")
 # the levers a `guarded-suspects` way gives `target: suspects` (the per-workload ones)
 SUSPECT_LEVERS = ("cpu_idle", "cpuset", "cpu_quota", "memory_limit")
+# `guarded-mixed`: SCHED_IDLE stays tier-wide (it cost BE nothing measurable in the lab, and
+# the first ranking at firing has no evidence yet), the levers that take CPU away go to the
+# suspects first
+MIXED_LEVERS = ("cpuset", "cpu_quota", "memory_limit")
+WAY_SUSPECT_LEVERS = {"guarded-suspects": SUSPECT_LEVERS, "guarded-mixed": MIXED_LEVERS}
 SERVICE = "redis-lab"
 LS_CGROUP = "sloguard-lab/ls"
 BE_CGROUP = "sloguard-lab/be"
@@ -48,10 +53,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def lab_policies(target: Path, kube: bool, suspects: bool = False) -> Path:
+def lab_policies(target: Path, kube: bool, suspects: tuple[str, ...] = ()) -> Path:
     """The shipped policies, copied; without an API server, the Kubernetes steps in shadow
-    mode; with `suspects`, every per-workload lever at `target: suspects` (the first
-    suspect, then the next, then the tier: docs/attribution.md)."""
+    mode; each lever kind named in `suspects` at `target: suspects` (the first suspect, then
+    the next, then the tier: docs/attribution.md)."""
     target.mkdir(parents=True, exist_ok=True)
     for source in default_policy_paths():
         path = Path(source)
@@ -63,7 +68,7 @@ def lab_policies(target: Path, kube: bool, suspects: bool = False) -> Path:
                     if not kube and step.get("step") in KUBE_STEPS:
                         step["dry_run"] = True
                     for lever in [step, *step.get("levers", [])]:
-                        if suspects and lever.get("step") in SUSPECT_LEVERS:
+                        if lever.get("step") in suspects:
                             lever["target"] = "suspects"
             (target / file.name).write_text(yaml.safe_dump(document, sort_keys=False))
     return target
@@ -72,7 +77,7 @@ def lab_policies(target: Path, kube: bool, suspects: bool = False) -> Path:
 def agent_config(workdir: Path, port: int, guarded: bool, slo: Any,
                  kubeconfig: str | None, node: str, pods: bool = False,
                  be_cgroups: list[tuple[str, str]] | None = None, ebpf: bool = False,
-                 suspects: bool = False) -> Path:
+                 suspects: tuple[str, ...] = ()) -> Path:
     """`be_cgroups`: the BE cgroups to declare (path, name); by default the one BE cgroup.
     `ebpf`: run the eBPF programs (attribution's run-queue blame needs them); off otherwise,
     as compiling them costs each way several CPU-seconds right before the schedule."""
@@ -117,7 +122,7 @@ class LabAgent:
     def __init__(self, workdir: Path, guarded: bool, slo: Any, kubeconfig: str | None = None,
                  node: str = "sloguard-lab", cpus: set[int] | None = None,
                  pods: bool = False, be_cgroups: list[tuple[str, str]] | None = None,
-                 ebpf: bool = False, suspects: bool = False) -> None:
+                 ebpf: bool = False, suspects: tuple[str, ...] = ()) -> None:
         self.workdir = workdir
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"

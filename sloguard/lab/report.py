@@ -29,7 +29,8 @@ TARGET_P99_RATIO = 1.25
 TARGET_BE_RATIO = 0.5
 HELD_ANTAGONISTS = ("cpu", "cache", "io")  # where a manual lever reached both targets here
 COLORS = {"baseline": "#2b8a3e", "unguarded": "#c92a2a", "guarded": "#1864ab",
-          "guarded-suspects": "#e8590c"}
+          "guarded-suspects": "#e8590c", "guarded-mixed": "#7048e8"}
+GUARDED_WAYS = ("unguarded", "guarded", "guarded-suspects", "guarded-mixed")
 TARGET_INNOCENT_RATIO = 0.9  # attribution (#22): the innocent BE jobs keep this much
 
 
@@ -269,11 +270,12 @@ def _attribution(r: ScenarioReport) -> list[str]:
              "under a policy in each episode (its last ranking) against the episode's "
              "antagonists; the innocent BE jobs' throughput (the worst of them) and the "
              "antagonists' against the unguarded way. `guarded` acts on the whole BE tier, "
-             "`guarded-suspects` on the suspects first (`target: suspects`).", "",
+             "`guarded-suspects` on the suspects first (`target: suspects`), `guarded-mixed` "
+             "SCHED_IDLE on the tier and the other levers on the suspects first.", "",
              "| way | antagonist ranked first | in-episode p99 vs baseline | innocents vs "
              f"unguarded (target >= {TARGET_INNOCENT_RATIO:.0%}) | antagonists vs unguarded |",
              "|---|---|---|---|---|"]
-    for way in ("unguarded", "guarded", "guarded-suspects"):
+    for way in GUARDED_WAYS:
         if way not in r.stats:
             continue
         good, total = attributed(r, way)
@@ -283,7 +285,7 @@ def _attribution(r: ScenarioReport) -> list[str]:
         antagonists = "-" if free else _x(r.ratio(way, "be_ops_per_s", "unguarded"))
         lines.append(f"| {way} | {share} | {_x(r.ratio(way, 'episode_p99_ms', 'baseline'))} | "
                      f"{innocents} | {antagonists} |")
-    named = [(way, n, e) for way in ("unguarded", "guarded", "guarded-suspects")
+    named = [(way, n, e) for way in GUARDED_WAYS
              if way in r.stats for n, e in enumerate(r.stats[way].episodes, start=1)]
     lines += ["", "| way | episode | antagonist | first suspect |", "|---|---|---|---|"]
     lines += [f"| {way} | {n} | {e.antagonist} | {e.suspect or '(none)'}"

@@ -29,7 +29,7 @@ from sloguard.core.cpulist import parse_cpulist
 from sloguard.core.yamlfile import YamlFileError, load_model
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
-WAYS = ("baseline", "unguarded", "guarded", "guarded-suspects")
+WAYS = ("baseline", "unguarded", "guarded", "guarded-suspects", "guarded-mixed")
 DEFAULT_WAYS = WAYS[:3]
 Kind = Literal["cpu", "cache", "stream", "io", "vm"]
 
@@ -129,9 +129,11 @@ class ScenarioSpec(_Strict):
     ls: LsSpec = Field(default_factory=LsSpec)
     be: BeSpec = Field(default_factory=BeSpec)
     schedule: ScheduleSpec
-    ways: list[Literal["baseline", "unguarded", "guarded", "guarded-suspects"]] = Field(
+    ways: list[Literal["baseline", "unguarded", "guarded", "guarded-suspects",
+                       "guarded-mixed"]] = Field(
         default_factory=lambda: list(DEFAULT_WAYS), min_length=1,
-        description="guarded-suspects: guarded with the cgroup levers at `target: suspects`")
+        description="guarded-suspects: guarded with the cgroup levers at `target: suspects`; "
+                    "guarded-mixed: SCHED_IDLE tier-wide, the others at `target: suspects`")
 
     @property
     def culprits(self) -> bool:
