@@ -1,6 +1,6 @@
 """The crash sweep with progress: kill the real agent at every write point of an episode.
 
-    .venv/bin/python benchmarks/fault_sweep.py [--only N,M,...] [--out DIR]
+    .venv/bin/python benchmarks/fault_sweep.py [--only N,M,...] [--out DIR] [--workers N]
 
 Starts its own kube-apiserver (as the tests do: `bash scripts/kube-testenv.sh` builds it once),
 applies deploy/base's RBAC, and runs tests/support/fault_sweep.py: one episode without faults
@@ -35,6 +35,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="kill only at these points (1-based)")
     parser.add_argument("--out", default="", help="keep each run's logs here")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="runs side by side (each has its own node, cgroups and agent)")
     args = parser.parse_args()
     missing = missing_binaries_message()
     if missing:
@@ -60,8 +62,8 @@ def main() -> int:
                 range(1, len(baseline.points) + 1))
             killed: collections.Counter[str] = collections.Counter()
             violations, seconds = 0, []
-            for i, kill in enumerate(kills, 1):
-                run = sweep.run(kill=kill)
+            for i, run in enumerate(sweep.run_all(kills, args.workers), 1):
+                kill = run.kill
                 seconds.append(run.seconds)
                 killed[run.point.split(":")[0].split(" /")[0]] += run.killed
                 violations += len(run.violations)

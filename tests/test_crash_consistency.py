@@ -37,11 +37,11 @@ def test_killed_at_every_write_point_the_node_ends_as_it_began(
     baseline = sweep.run()
     assert baseline.violations == [] and baseline.points
     failures, killed_at = [], collections.Counter()
-    for kill in range(1, len(baseline.points) + 1):
-        run = sweep.run(kill=kill)
+    # side by side (Sweep.run_all): each run has its own node, cgroups and agent
+    for run in sweep.run_all(list(range(1, len(baseline.points) + 1))):
         if run.killed:
             killed_at[run.point.split(":")[0]] += 1
-        failures += [f"killed at #{kill} {run.point}: {v}" for v in run.violations]
+        failures += [f"killed at #{run.kill} {run.point}: {v}" for v in run.violations]
     print(f"\ncrash sweep: {len(baseline.points)} write points, {sum(killed_at.values())} "
           f"kills, {len(failures)} invariant violations; kills by point: {dict(killed_at)}")
     assert failures == []
