@@ -138,6 +138,19 @@ def real_cgroups() -> Iterator[RealCgroups]:
         cg.cleanup()
 
 
+@pytest.fixture
+def suspects_node(tmp_path, real_cgroups):
+    """Real BE and LS cgroups under the real ladder (support/suspects_node.py), for the tests of
+    levers at `target: suspects` and of what guarding costs."""
+    from support.suspects_node import Node
+
+    need((real_cgroups.layout.v1.get("cpu", Path("/nonexistent")) / "cpu.idle").exists(),
+         "cpu.idle (kernel >= 5.15)")
+    made = Node(tmp_path, real_cgroups)
+    yield made
+    made.ladder.close()
+
+
 @pytest.fixture(scope="session")
 def kube():
     """A real kube-apiserver (+ etcd, controller-manager) on loopback for this test session."""

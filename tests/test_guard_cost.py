@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import need
 from prometheus_client import CollectorRegistry, generate_latest
 from support.ebpf import need_bcc
 from support.suspects_node import T0, Node, S
@@ -24,12 +23,8 @@ from sloguard.core.selfmetrics import GuardCostMetrics
 
 
 @pytest.fixture
-def node(tmp_path, real_cgroups):
-    need((real_cgroups.layout.v1.get("cpu", Path("/nonexistent")) / "cpu.idle").exists(),
-         "cpu.idle (kernel >= 5.15)")
-    made = Node(tmp_path, real_cgroups)
-    yield made
-    made.ladder.close()
+def node(suspects_node):
+    return suspects_node
 
 
 class Feed:

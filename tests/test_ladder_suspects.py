@@ -5,11 +5,8 @@ asserted is what the kernel files hold. And eviction ranks the suspects first.""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from conftest import need
-from support.suspects_node import T0, Node
+from support.suspects_node import T0
 
 from sloguard.actuators.env import ActuatorEnv
 from sloguard.actuators.evict import rank
@@ -20,12 +17,8 @@ from sloguard.core.suspects import Clue, Suspect
 
 
 @pytest.fixture
-def node(tmp_path, real_cgroups):
-    need((real_cgroups.layout.v1.get("cpu", Path("/nonexistent")) / "cpu.idle").exists(),
-         "cpu.idle (kernel >= 5.15)")
-    made = Node(tmp_path, real_cgroups)
-    yield made
-    made.ladder.close()
+def node(suspects_node):
+    return suspects_node
 
 
 def test_the_first_suspect_alone_then_the_next_then_the_rest_and_back(node):
