@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,7 +37,10 @@ def need(condition: bool, reason: str) -> None:
 
 
 class RealCgroups:
-    """Creates child cgroups in every mounted hierarchy this test needs, and removes them."""
+    """Creates child cgroups in every mounted hierarchy this test needs, and removes them.
+
+    Safe to call from threads (the crash sweep's runs go side by side): two creates under a
+    common parent would race for its mkdir and its cpuset copy."""
 
     def __init__(self, layout: CgroupLayout, prefix: str) -> None:
         self.layout = layout
@@ -44,6 +48,7 @@ class RealCgroups:
         self.procs: list[subprocess.Popen] = []
         self.created: list[Path] = []  # every directory made, parents included
         self.cpuset = False
+        self._lock = threading.Lock()
 
     def use_cpuset(self) -> None:
         """Create the cgroups in the v1 cpuset hierarchy too (call before `create`). Opt-in:
@@ -61,16 +66,17 @@ class RealCgroups:
     def create(self, rel: str) -> str:
         """Create `<prefix>/<rel>` everywhere; return its path relative to the roots."""
         full = f"{self.prefix}/{rel}".strip("/")
-        for root in self.hierarchies():
-            path = root
-            for part in full.split("/"):
-                path = path / part
-                if not path.exists():
-                    path.mkdir()
-                    self.created.append(path)
-                    if self.cpuset and root == self.layout.v1.get("cpuset"):
-                        for name in ("cpuset.cpus", "cpuset.mems"):
-                            (path / name).write_text((path.parent / name).read_text())
+        with self._lock:
+            for root in self.hierarchies():
+                path = root
+                for part in full.split("/"):
+                    path = path / part
+                    if not path.exists():
+                        path.mkdir()
+                        self.created.append(path)
+                        if self.cpuset and root == self.layout.v1.get("cpuset"):
+                            for name in ("cpuset.cpus", "cpuset.mems"):
+                                (path / name).write_text((path.parent / name).read_text())
         return full
 
     def write(self, rel: str, filename: str, value: str) -> None:

@@ -24,7 +24,6 @@ import signal
 import socket
 import sqlite3
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -121,9 +120,6 @@ class Sweep:
         self.progress = progress
         self.cpu_root = next(r for r in cgroups.hierarchies() if (r / "cpu.shares").exists()
                              or (r / "cpu.weight").exists())
-        # Runs may go side by side (`run_all`): they share only the cgroup helper, whose
-        # mkdir of a common parent and list of children are not safe to race.
-        self._cgroups_lock = threading.Lock()
 
     # -- one run -----------------------------------------------------------------------------
 
@@ -134,9 +130,8 @@ class Sweep:
         here = self.workdir / f"run-{kill:03d}-{suffix}"
         here.mkdir(parents=True)
         self._make_node(node, namespace)
-        with self._cgroups_lock:
-            be = self.cgroups.create(f"{suffix}/be")
-            ls = self.cgroups.create(f"{suffix}/ls")
+        be = self.cgroups.create(f"{suffix}/be")
+        ls = self.cgroups.create(f"{suffix}/ls")
         original = self._cgroup_values(be)
         config = self._config(here, node, be, ls)
         points_log = here / "points.log"
@@ -150,8 +145,7 @@ class Sweep:
             # the load only once the agent is up: a busy loop started beside a Python process
             # that is still importing starves it on a loaded two-core machine
             agent.wait(agent.healthy, timeout)
-            with self._cgroups_lock:
-                hog = self.cgroups.spawn(ls)
+            hog = self.cgroups.spawn(ls)
             climbed = agent.wait(lambda: _audit_has(ledger, "evict", "apply", "done"), timeout)
             if climbed:
                 hog.kill()
@@ -188,15 +182,20 @@ class Sweep:
     def run_all(self, kills: list[int], workers: int = 2) -> Iterator[RunResult]:
         """One run per kill point, `workers` at a time, results in the order of `kills`.
 
-        Runs share nothing but the apiserver (each has its own node, namespace, cgroups,
-        agent process and data directory), and most of a run is waiting on the agent's
-        250 ms ticks. Measured on this 2-core machine for the 76 points of one episode
-        (2026-12-03): one at a time 677 s (inside the full suite, CI simulation); side by
-        side, alone, 409 s with two and 349 s with three (load average 3.6). Two is the
-        default: the third saved a minute at the cost of the margin the agents' timeouts
-        have on a loaded machine."""
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        Runs share nothing but the apiserver and the cgroup helper, which is safe to call
+        from threads (each has its own node, namespace, cgroups, agent process and data
+        directory), and most of a run is waiting on the agent's 250 ms ticks. Measured on
+        this 2-core machine for the 76 points of one episode (2026-12-03): one at a time
+        677 s (inside the full suite, CI simulation); side by side, alone, 409 s with two
+        and 349 s with three (load average 3.6). Two is the default: the third saved a
+        minute at the cost of the margin the agents' timeouts have on a loaded machine.
+        Runs not yet started are cancelled when the caller stops early (a failed assertion,
+        ^C), instead of the sweep running on to its end."""
+        pool = concurrent.futures.ThreadPoolExecutor(workers)
+        try:
             yield from pool.map(lambda kill: self.run(kill=kill), kills)
+        finally:
+            pool.shutdown(cancel_futures=True)
 
     # -- the world of one run ----------------------------------------------------------------
 
