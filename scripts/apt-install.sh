@@ -40,9 +40,9 @@ cleanup() {
 trap cleanup EXIT
 
 log "apt-get update"
-as_root apt-get update -q >&2
+apt_get update -q >&2
 log "apt-get install ${missing[*]}"
-as_root apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+apt_get install -y -q --no-install-recommends "${missing[@]}" >&2
 
 for binary in "${binaries[@]}"; do
     command -v "${binary}" >/dev/null 2>&1 || die "${binary} missing after installing ${missing[*]}"

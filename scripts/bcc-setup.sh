@@ -58,12 +58,10 @@ ensure_packages() {
         log "ok packages ${PACKAGES[*]}"
         return 0
     fi
-    # Other setup scripts may run apt at the same time: wait for its lock rather than fail.
-    local apt=(apt-get -q -o DPkg::Lock::Timeout=600)
     log "apt-get update"
-    as_root "${apt[@]}" update >&2
+    apt_get -q update >&2
     log "apt-get install ${missing[*]}"
-    as_root "${apt[@]}" install -y --no-install-recommends "${missing[@]}" >&2
+    apt_get -q install -y --no-install-recommends "${missing[@]}" >&2
 }
 
 # ---------------------------------------------------------------------- stand-in kernel tree

@@ -5,8 +5,9 @@ set -euo pipefail
 if command -v chromium >/dev/null 2>&1; then
     exit 0
 fi
-echo "installing Debian chromium for the UI tests..." >&2
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -q >/dev/null
-apt-get install -y -q --no-install-recommends chromium >/dev/null
+LOG_NAME=browser-testenv
+source "$(dirname "${BASH_SOURCE[0]}")/setup-lib.sh"
+log "installing Debian chromium for the UI tests..."
+apt_get update -q >/dev/null
+apt_get install -y -q --no-install-recommends chromium >/dev/null
 command -v chromium >/dev/null

@@ -4,14 +4,15 @@
 # mirror with debootstrap (minbase) and imported; a machine that can pull images skips that.
 # Idempotent: a second run only checks (a second or two).
 set -euo pipefail
-export DEBIAN_FRONTEND=noninteractive
+LOG_NAME=docker-testenv
+source "$(dirname "${BASH_SOURCE[0]}")/setup-lib.sh"
 missing=()
 command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 if ((${#missing[@]})); then
     echo "installing ${missing[*]} for the image test..." >&2
-    apt-get update -q >/dev/null
-    apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+    apt_get update -q >/dev/null
+    apt_get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 fi
 if ! docker info >/dev/null 2>&1; then
     echo "starting dockerd..." >&2

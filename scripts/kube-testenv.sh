@@ -152,7 +152,7 @@ APT_UPDATED=0
 apt_update_once() {
     if [[ "${APT_UPDATED}" -eq 0 ]]; then
         log "apt-get update"
-        as_root apt-get update -q >&2
+        apt_get update -q >&2
         APT_UPDATED=1
     fi
 }
@@ -167,7 +167,7 @@ ensure_packages() {
     if [[ ${#missing[@]} -gt 0 ]]; then
         apt_update_once
         log "apt-get install ${missing[*]}"
-        as_root apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+        apt_get install -y -q --no-install-recommends "${missing[@]}" >&2
     fi
 }
 
@@ -179,11 +179,13 @@ extract_from_debs() {
     local dir="${WORK}/debs"
     mkdir -p "${dir}/root"
     apt_update_once
-    # As root apt drops to the _apt user, which cannot write into the private build dir.
-    local sandbox=()
-    [[ "$(id -u)" -ne 0 ]] || sandbox=(-o "APT::Sandbox::User=root")
+    # As root apt drops to the _apt user, which cannot write into the private build dir; and
+    # as root the download waits for the other setup scripts' apt (apt_get). A download needs
+    # no root.
+    local get=(apt-get)
+    [[ "$(id -u)" -ne 0 ]] || get=(apt_get -o "APT::Sandbox::User=root")
     # shellcheck disable=SC2086
-    (cd "${dir}" && apt-get "${sandbox[@]}" download -q ${pkgs} >&2)
+    (cd "${dir}" && "${get[@]}" download -q ${pkgs} >&2)
     for deb in "${dir}"/*.deb; do
         dpkg -x "${deb}" "${dir}/root"
     done

@@ -17,3 +17,12 @@ as_root() {
     fi
     "${SUDO[@]}" "$@"
 }
+
+# Every apt-get of the setup scripts goes through `apt_get`: `make test` runs the Kubernetes build
+# beside the other installs (make -j2), and a second apt-get fails at once on apt's own locks
+# (and `apt-get update` may rewrite the lists another apt-get is reading). One lock of ours makes
+# them take turns; apt's own DPkg::Lock::Timeout covers any other apt on the machine.
+APT_LOCK="${SLOGUARD_APT_LOCK:-/run/lock/sloguard-apt.lock}"
+apt_get() {
+    as_root flock -w 1800 "${APT_LOCK}" apt-get -o DPkg::Lock::Timeout=600 "$@"
+}
