@@ -245,6 +245,9 @@ build_kube() {
             export KUBE_GIT_VERSION="${KUBE_VERSION}" KUBE_GIT_TREE_STATE=clean
             export KUBE_GIT_MAJOR="${KUBE_MAJOR}" KUBE_GIT_MINOR="${KUBE_MINOR}"
             mkdir -p "${HOME}"
+            # A build of its own, not a job of `make -j2 test-deps`: Go compiles in parallel by
+            # itself, and the parent's jobserver would only make this make warn.
+            unset MAKEFLAGS MFLAGS MAKELEVEL
             make WHAT="${go_targets[*]}" >&2
         )
     fi
