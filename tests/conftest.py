@@ -181,14 +181,13 @@ def kube_node(tmp_path_factory):
     exist, and play the kubelet themselves). Module-scoped: the node (~50 s to start) is gone
     before the next module, whose timing-sensitive tests (the lab's) must not share the CPUs
     with a kubelet and its pods."""
-    from support.kubenode import KubeNodeEnv, build_images, node_prerequisites
+    from support.kubenode import KubeNodeEnv, build_images, daemonset_image, node_prerequisites
 
     reason = node_prerequisites()
     need(not reason, reason)
-    daemonset = yaml.safe_load((DEPLOY_BASE / "daemonset.yaml").read_text())
-    [agent] = daemonset["spec"]["template"]["spec"]["containers"]
-    images = build_images(tmp_path_factory.mktemp("node-images"), DEPLOY_BASE.parent.parent,
-                          agent["image"], log=lambda line: print(line, file=sys.stderr))
+    root = DEPLOY_BASE.parent.parent
+    images = build_images(tmp_path_factory.mktemp("node-images"), root, daemonset_image(root),
+                          log=lambda line: print(line, file=sys.stderr))
     env = KubeNodeEnv(images=images, audit=True)
     with env:
         print("; ".join(env.image_log), file=sys.stderr)

@@ -627,25 +627,27 @@ WORKLOAD_IMAGE = "sloguard-lab/workload:1"  # deploy/lab/workload.Dockerfile
 
 
 def build_images(out: Path, root: Path, agent_image: str | None,
-                 log: Any = print) -> list[str]:
+                 log: Any = print, pause: bool = True) -> list[str]:
     """The node's images, without a registry, built by the local Docker engine: the
     agent from deploy/Dockerfile (tagged as the DaemonSet names it), the pause image from the
     cached pause program, the LS/BE workload image (deploy/lab/, the lab's). Docker's layer cache
     makes a second build quick; the image test (tests/test_deploy.py) builds the same agent
     layers. The build host's local CAs reach the agent's build stage as the image test passes
-    them (a TLS-intercepting proxy's CA). ``agent_image`` None: no agent (the lab's node)."""
+    them (a TLS-intercepting proxy's CA). ``agent_image`` None: no agent (the lab's node).
+    ``pause`` False: no pause image (`make test-deps` builds the rest while the Kubernetes
+    build, which makes the pause program, still runs)."""
     assets = root / "tests" / "kube-node"
-    pause_ctx = out / "pause-context"
-    pause_ctx.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(cache_bin_dir() / "pause", pause_ctx / "pause")
     local_cas = sorted(Path("/usr/local/share/ca-certificates").glob("*.crt"))
     ca_args = (["--build-arg", "PIP_CA_PEM=" + "".join(p.read_text() for p in local_cas)]
                if local_cas else [])
-    builds = [
-        (pause_image(), ["-f", str(assets / "pause.Dockerfile"), str(pause_ctx)]),
-        (WORKLOAD_IMAGE, ["-f", str(root / "deploy" / "lab" / "workload.Dockerfile"),
-                          str(root / "deploy" / "lab")]),
-    ]
+    builds = []
+    if pause:
+        pause_ctx = out / "pause-context"
+        pause_ctx.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(cache_bin_dir() / "pause", pause_ctx / "pause")
+        builds.append((pause_image(), ["-f", str(assets / "pause.Dockerfile"), str(pause_ctx)]))
+    builds.append((WORKLOAD_IMAGE, ["-f", str(root / "deploy" / "lab" / "workload.Dockerfile"),
+                                    str(root / "deploy" / "lab")]))
     if agent_image:
         builds.append((agent_image, ["-f", str(root / "deploy" / "Dockerfile"), *ca_args,
                                      str(root)]))
@@ -660,6 +662,15 @@ def build_images(out: Path, root: Path, agent_image: str | None,
     return [tag for tag, _ in builds]
 
 
+def daemonset_image(root: Path) -> str:
+    """The agent image as deploy/base's DaemonSet names it (the node fixture's tag)."""
+    import yaml
+
+    daemonset = yaml.safe_load((root / "deploy" / "base" / "daemonset.yaml").read_text())
+    [agent] = daemonset["spec"]["template"]["spec"]["containers"]
+    return agent["image"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Hold a test node up until Ctrl-C, for what a test does not run: a full
     ``sloguard lab --kube`` comparison (docs/lab.md). The same node as the ``kube_node``
@@ -671,9 +682,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--agent-image", default=None,
                         help="also build and import the agent image with this tag")
     parser.add_argument("--work", type=Path, default=None, help="where the images are built")
+    parser.add_argument("--images-only", action="store_true",
+                        help="build the agent and workload images into Docker's layer cache "
+                             "and exit, no node (make test-deps: the image test and the node "
+                             "fixture then build from the cache)")
     args = parser.parse_args(argv)
     root = Path(__file__).resolve().parents[2]
     work = args.work or Path(tempfile.mkdtemp(prefix="sloguard-node-images-"))
+    if args.images_only:
+        build_images(work, root, args.agent_image or daemonset_image(root), pause=False)
+        return 0
     images = build_images(work, root, args.agent_image)
     stop = False
 
