@@ -35,7 +35,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="kill only at these points (1-based)")
     parser.add_argument("--out", default="", help="keep each run's logs here")
-    parser.add_argument("--workers", type=int, default=2,
+    parser.add_argument("--workers", type=int, default=3,
                         help="runs side by side (each has its own node, cgroups and agent)")
     args = parser.parse_args()
     missing = missing_binaries_message()

@@ -248,7 +248,12 @@ build_kube() {
             # A build of its own, not a job of `make -j2 test-deps`: Go compiles in parallel by
             # itself, and the parent's jobserver would only make this make warn.
             unset MAKEFLAGS MFLAGS MAKELEVEL
-            make WHAT="${go_targets[*]}" >&2
+            # `make WHAT=...` first regenerates every generated file. The tree ships all but
+            # the main OpenAPI spec (zz_generated deepcopy, conversion, defaults and
+            # prerelease-lifecycle; kubectl's bindata), so only that one is made: the step
+            # before the compile went from ~70 s to 34 s here (2026-12-03).
+            make gen_openapi >&2
+            hack/make-rules/build.sh ${go_targets[*]} >&2
         )
     fi
     for t in "${targets[@]}"; do

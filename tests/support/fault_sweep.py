@@ -179,7 +179,7 @@ class Sweep:
         result.seconds = time.monotonic() - started
         return result
 
-    def run_all(self, kills: list[int], workers: int = 2) -> Iterator[RunResult]:
+    def run_all(self, kills: list[int], workers: int = 3) -> Iterator[RunResult]:
         """One run per kill point, `workers` at a time, results in the order of `kills`.
 
         Runs share nothing but the apiserver and the cgroup helper, which is safe to call
@@ -187,8 +187,10 @@ class Sweep:
         directory), and most of a run is waiting on the agent's 250 ms ticks. Measured on
         this 2-core machine for the 76 points of one episode (2026-12-03): one at a time
         677 s (inside the full suite, CI simulation); side by side, alone, 409 s with two
-        and 349 s with three (load average 3.6). Two is the default: the third saved a
-        minute at the cost of the margin the agents' timeouts have on a loaded machine.
+        and 349 s with three (load average 3.6, 0 violations). Three is the default since a
+        fresh machine's CI measured 45 min against its 45 min budget: the third saves about
+        a minute, and a whole run then took ~14 s (349 s x 3 / 76), each of its waits
+        allowing 60 s.
         Runs not yet started are cancelled when the caller stops early (a failed assertion,
         ^C), instead of the sweep running on to its end."""
         pool = concurrent.futures.ThreadPoolExecutor(workers)
