@@ -40,7 +40,7 @@ bcc-setup: $(VENV)/.installed
 ## `make test` runs them side by side.
 test-deps: kube-testenv node-testenv test-images
 
-## The Kubernetes build is CPU-bound (~6 min on 2 cores on a fresh machine); the rest waits on
+## The Kubernetes build is CPU-bound (7-11 min on 2 cores on a fresh machine); the rest waits on
 ## the network and dpkg, so under -j2 they overlap (their apt-get calls take turns: apt_get in
 ## scripts/setup-lib.sh).
 kube-testenv:

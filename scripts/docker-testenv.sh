@@ -10,12 +10,12 @@ missing=()
 command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 if ((${#missing[@]})); then
-    echo "installing ${missing[*]} for the image test..." >&2
+    log "installing ${missing[*]} for the image test..."
     apt_get update -q >/dev/null
     apt_get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 fi
 if ! docker info >/dev/null 2>&1; then
-    echo "starting dockerd..." >&2
+    log "starting dockerd..."
     nohup dockerd >/var/log/sloguard-dockerd.log 2>&1 &
     for _ in $(seq 1 60); do
         docker info >/dev/null 2>&1 && break

@@ -237,7 +237,7 @@ build_kube() {
         if [[ "${t}" == pause ]]; then want_pause=1; else go_targets+=("cmd/${t}"); fi
     done
     if [[ ${#go_targets[@]} -gt 0 ]]; then
-        log "building ${go_targets[*]} ${KUBE_VERSION} (one make: shared build cache; ~3 min each)"
+        log "building ${go_targets[*]} ${KUBE_VERSION} (one Go build, shared cache; about 7 min alone on 2 cores, 8-11 beside the other installs)"
         (
             cd "${src}"
             export CGO_ENABLED=0 GOPROXY=off GOFLAGS=-mod=vendor GO111MODULE=on
