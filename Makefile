@@ -37,12 +37,12 @@ bcc-setup: $(VENV)/.installed
 ## Debian's influxdb and victoria-metrics (their services are not started), chromium, Docker
 ## with a debootstrapped bookworm base image for the image test, stress-ng and redis-server for
 ## the interference lab; then test-images. The Kubernetes build and the rest are independent:
-## `make test` runs them side by side.
+## `make -j2 test-deps` runs them side by side.
 test-deps: kube-testenv node-testenv test-images
 
 ## The Kubernetes build is CPU-bound (7-11 min on 2 cores on a fresh machine); the rest waits on
-## the network and dpkg, so under -j2 they overlap (their apt-get calls take turns: apt_get in
-## scripts/setup-lib.sh).
+## the network and dpkg, so they overlap (their apt-get calls take turns: apt_get in
+## scripts/setup-lib.sh). `make test` runs it with --background instead.
 kube-testenv:
 	bash scripts/kube-testenv.sh
 
@@ -65,9 +65,12 @@ lint: $(VENV)/.installed-test
 	$(BIN)/python scripts/lint_imports.py
 
 ## The whole suite: lint (ruff and the import contract), then every test against the real components.
-## The installs go two at a time (the Kubernetes build beside the venv and the other installs).
+## The Kubernetes build goes on in the background, its compile at idle CPU priority, while the
+## other installs and then the tests that need no Kubernetes run; the Kubernetes tests wait for
+## it (tests/conftest.py: the run order; a fresh machine's figures: docs/development.md).
 test:
-	$(MAKE) -j2 install-test test-deps
+	bash scripts/kube-testenv.sh --background
+	$(MAKE) -j2 install-test node-testenv test-images
 	$(MAKE) lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

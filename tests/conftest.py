@@ -3,6 +3,7 @@ skip. On CI (CI=true) nothing that this machine can run is allowed to skip."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -26,6 +27,43 @@ DEPLOY_BASE = Path(__file__).resolve().parent.parent / "deploy" / "base"
 # token, so the shipped ClusterRoleBinding applies to it unchanged.
 AGENT_USER = "system:serviceaccount:sloguard:sloguard-agent"
 AGENT_GROUPS = ("system:serviceaccounts", "system:serviceaccounts:sloguard")
+
+
+# The run order (pytest_collection_modifyitems): `make test` builds Kubernetes in the background
+# (scripts/kube-testenv.sh --background, its compile at idle CPU priority), so the tests that
+# need no Kubernetes go first, beside the build; then the Kubernetes tests, which wait for the
+# build (wait_for_background_build); the timing tests last, on a machine the build has left.
+KUBE_FIXTURES = frozenset({"kube", "kube_agent", "kube_node"})
+
+
+def run_phase(item: pytest.Item) -> int:
+    """0: needs no Kubernetes; 1: needs the Kubernetes binaries; 2: measures time (marker
+    `timing`), never beside a background build."""
+    if item.get_closest_marker("timing"):
+        return 2
+    if item.get_closest_marker("kube") or KUBE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return 1
+    return 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=run_phase)  # stable: the file order within each phase
+
+
+def say(config: pytest.Config, line: str) -> None:
+    """A progress line on the terminal now, past pytest's capture (a fixture that waits
+    minutes should say so while it waits, not in a report afterwards)."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+        print(f"\n[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
+def kube_binaries_missing(config: pytest.Config) -> str:
+    """What the Kubernetes tests lack ('' if nothing), once the background build is over."""
+    from support.kubeenv import missing_binaries_message, wait_for_background_build
+
+    wait_for_background_build(lambda line: say(config, line))
+    return missing_binaries_message()
 
 
 def need(condition: bool, reason: str) -> None:
@@ -158,11 +196,11 @@ def suspects_node(tmp_path, real_cgroups):
 
 
 @pytest.fixture(scope="session")
-def kube():
+def kube(request):
     """A real kube-apiserver (+ etcd, controller-manager) on loopback for this test session."""
-    from support.kubeenv import KubeTestEnv, missing_binaries_message
+    from support.kubeenv import KubeTestEnv
 
-    missing = missing_binaries_message()
+    missing = kube_binaries_missing(request.config)
     need(not missing, missing)
     env = KubeTestEnv(audit=True)  # the audit log is the record of what the agent asked for
     env.add_token(AGENT_USER, AGENT_GROUPS)
@@ -171,7 +209,7 @@ def kube():
 
 
 @pytest.fixture(scope="module")
-def kube_node(tmp_path_factory):
+def kube_node(request, tmp_path_factory):
     """A real node for the tests of one module: a control plane plus kube-scheduler,
     containerd + runc, a CNI bridge and a kubelet that registers one Ready node and runs pods
     (support/kubenode.py says what it changes on the host and undoes). Its images (the agent
@@ -183,6 +221,7 @@ def kube_node(tmp_path_factory):
     with a kubelet and its pods."""
     from support.kubenode import KubeNodeEnv, build_images, daemonset_image, node_prerequisites
 
+    kube_binaries_missing(request.config)  # node_prerequisites names what is missing
     reason = node_prerequisites()
     need(not reason, reason)
     root = DEPLOY_BASE.parent.parent

@@ -21,6 +21,9 @@ from support.ebpf import dominate_cpu, kernel_collectors, need_bcc, of, run
 
 from sloguard.collectors.ebpf_programs import tracefs_root, tracepoint_exists
 
+# latency and throughput are measured here: these run last, never beside the background
+# Kubernetes build of `make test` (conftest.run_phase)
+pytestmark = pytest.mark.timing
 HOG = "while True: pass"
 SLEEPER = "import time\nwhile True: time.sleep(0.005)"
 

@@ -1,6 +1,7 @@
 """Integration tests of the real kube-apiserver test environment (tests/support/kubeenv.py).
 
-Skipped when the cached binaries are missing, unless CI is set: then they fail with the reason.
+Skipped when the cached binaries are missing (after waiting for a background build, as the
+`kube` fixture does), unless CI is set: then they fail with the reason.
 Build the binaries with `bash scripts/kube-testenv.sh`.
 """
 
@@ -14,22 +15,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from conftest import kube_binaries_missing, need
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
-try:
-    from tests.support.kubeenv import KubeTestEnv, missing_binaries_message
-except ImportError:  # tests/ on sys.path instead of the project root
-    from support.kubeenv import KubeTestEnv, missing_binaries_message  # type: ignore[no-redef]
+from support.kubeenv import KubeTestEnv
 
 NODE = "node-a"
-MISSING = missing_binaries_message()
-IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-pytestmark = [
-    pytest.mark.kube,
-    pytest.mark.skipif(bool(MISSING) and not IN_CI, reason=MISSING or "binaries present"),
-]
+pytestmark = pytest.mark.kube
 
 
 class KubeEnvHandle:
@@ -43,9 +35,9 @@ class KubeEnvHandle:
 
 
 @pytest.fixture(scope="module")
-def kube_env() -> Iterator[KubeEnvHandle]:
-    if MISSING:  # only reached when CI is set: a missing binary is a failure there
-        pytest.fail(MISSING, pytrace=False)
+def kube_env(request: pytest.FixtureRequest) -> Iterator[KubeEnvHandle]:
+    missing = kube_binaries_missing(request.config)
+    need(not missing, missing)
     kube = KubeTestEnv(audit=True)
     restricted = kube.add_token("nobody", ["sloguard:no-bindings"])
     with kube:
@@ -106,9 +98,10 @@ def _policy_version(api: client.ApiClient) -> str:
     return "v1" if "v1" in versions else "v1beta1"
 
 
-def test_kube_binaries_present() -> None:
-    # Only runs when the binaries exist or CI is set; on CI their absence is a failure.
-    assert not MISSING, MISSING
+def test_kube_binaries_present(request: pytest.FixtureRequest) -> None:
+    missing = kube_binaries_missing(request.config)
+    need(not missing, missing)  # skipped without them, except on CI
+    assert not missing
 
 
 def test_env_basics(kube_env: KubeEnvHandle) -> None:

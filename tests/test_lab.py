@@ -37,6 +37,9 @@ from sloguard.lab.scenario import (
 from sloguard.lab.session import clear_results, load_session
 from sloguard.lab.way import LabStage, Relay, WayResult, run_way, shared_cpus, start_redis
 
+# latency and throughput are measured here: these run last, never beside the background
+# Kubernetes build of `make test` (conftest.run_phase)
+pytestmark = pytest.mark.timing
 ROOT = os.geteuid() == 0
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 HAVE_TOOLS = shutil.which("redis-server") is not None and shutil.which("stress-ng") is not None

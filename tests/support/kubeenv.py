@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import secrets
@@ -65,6 +66,63 @@ def cache_bin_dir() -> Path:
     return Path(os.environ.get("SLOGUARD_KUBE_CACHE") or DEFAULT_CACHE_DIR) / "bin"
 
 
+def background_build_log() -> Path:
+    """Where ``scripts/kube-testenv.sh --background`` writes its build's output."""
+    return cache_bin_dir().parent / "background-build.log"
+
+
+def build_running() -> bool:
+    """True while a ``scripts/kube-testenv.sh`` holds the cache's lock (builds or verifies)."""
+    lock = cache_bin_dir().parent / ".lock"
+    try:
+        with open(lock, "rb") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+    except FileNotFoundError:
+        pass
+    return False
+
+
+def wait_for_background_build(progress: Callable[[str], None] = lambda line: None,
+                              every: float = 60.0, poll: float = 1.0) -> float:
+    """Returns once no ``scripts/kube-testenv.sh`` holds the cache's lock; the seconds waited.
+
+    ``make test`` starts the Kubernetes build in the background (``--background``: its
+    compile at idle CPU priority) and runs the installs and the tests that need no Kubernetes
+    meanwhile (tests/conftest.py orders them first); a Kubernetes test that arrives before the
+    build has finished waits here, with a line of progress every ``every`` seconds, instead of
+    finding the binaries missing. Without a build running it returns at once."""
+    started = time.monotonic()
+    told = started
+    if build_running():
+        progress(f"waiting for the Kubernetes build running in the background "
+                 f"(log: {background_build_log()})")
+    while build_running():
+        time.sleep(poll)
+        now = time.monotonic()
+        if now - told >= every:
+            told = now
+            progress(f"still building after {now - started:.0f} s: "
+                     f"{_last_line(background_build_log())}")
+    waited = time.monotonic() - started
+    if waited >= poll:
+        progress(f"the Kubernetes build finished; waited {waited:.0f} s")
+    return waited
+
+
+def _last_line(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return lines[-1][:200] if lines else "(log empty)"
+
+
 def missing_binaries(bin_dir: Path | None = None) -> list[str]:
     """Names of the required binaries that are absent (or not executable) in ``bin_dir``."""
     directory = bin_dir or cache_bin_dir()
@@ -81,9 +139,14 @@ def missing_binaries_message(bin_dir: Path | None = None) -> str:
     missing = missing_binaries(directory)
     if not missing:
         return ""
+    failed = ""
+    if bin_dir is None and background_build_log().exists():
+        failed = (f"; the last background build's log ({background_build_log()}) ends: "
+                  f"{_last_line(background_build_log())}")
     return (
         f"kube test binaries missing in {directory}: {', '.join(missing)}; "
         f"run `bash {SETUP_SCRIPT}` (as root; honours SLOGUARD_KUBE_CACHE) to build them"
+        + failed
     )
 
 
