@@ -41,12 +41,14 @@ ANTAGONISTS: dict[str, list[str]] = {
     "io": ["--iomix", "{workers}"],
     "vm": ["--vm", "{workers}", "--vm-bytes", "{vm_bytes}"],
 }
-# Innocent BE jobs (docs/attribution.md): they run for the whole way and barely contend; the
-# guard should leave them their throughput. stress-ng's --cpu-load keeps a worker at that
-# percentage of one CPU (busy, then asleep, in 100 ms slices).
+# Innocent BE jobs (docs/attribution.md): they run for the whole way and do not cause the LS
+# slowdown; the guard should leave them their throughput. stress-ng's --cpu-load keeps a worker
+# at that percentage of one CPU (busy, then asleep, in 100 ms slices). `half-cpu` is the one
+# that wants real CPU: what a lever on the whole tier takes from it shows.
 INNOCENTS: dict[str, list[str]] = {
     "sleepy": ["--cpu", "1", "--cpu-load", "2"],
     "light-cpu": ["--cpu", "1", "--cpu-load", "10"],
+    "half-cpu": ["--cpu", "1", "--cpu-load", "50"],
 }
 
 
@@ -82,7 +84,7 @@ class LsSpec(_Strict):
 
 class InnocentSpec(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,30}$", description="its cgroup's name")
-    kind: Literal["sleepy", "light-cpu"]
+    kind: Literal["sleepy", "light-cpu", "half-cpu"]
 
 
 class BeSpec(_Strict):
