@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
+import selectors
 import socket
 import subprocess
 import sys
@@ -104,29 +104,41 @@ def load(names: list[str], key_by_pid: bool, kernel_source: str | None,
 def _receive(sock: socket.socket, proc: subprocess.Popen, timeout: float,
              loaded: dict[str, LoadedFamily], failed: dict[str, str]) -> None:
     deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([sock], [], [], left)[0]:
-            raise LoaderError(f"the loader did not finish within {timeout:.0f} s")
-        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, _MAX_FDS)
-        if not data:  # the child closed its end
-            for fd in fds:
-                os.close(fd)
-            return
-        message = json.loads(data)
-        if "fatal" in message:
-            raise LoaderError(message["fatal"])
-        if message.get("done"):
-            return
-        name = message["family"]
-        if "error" in message:
-            detail = first_error(message.get("output", ""))
-            failed[name] = message["error"] + (f": {detail}" if detail else "")
-        else:
-            tables = message.get("tables", [])
-            loaded[name] = LoadedFamily(name, fds[0], list(fds[1 + len(tables):]),
-                                        message["load_seconds"],
-                                        dict(zip(tables, fds[1:1 + len(tables)], strict=True)))
+    # a selector, not select(2): an agent holding over 1,024 descriptors (connections, loaded
+    # programs) would get "filedescriptor out of range" from select and never load its programs
+    with selectors.DefaultSelector() as ready:
+        ready.register(sock, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not ready.select(left):
+                raise LoaderError(f"the loader did not finish within {timeout:.0f} s")
+            if _take(sock, loaded, failed):
+                return
+
+
+def _take(sock: socket.socket, loaded: dict[str, LoadedFamily],
+          failed: dict[str, str]) -> bool:
+    """One message of the loader; True when it was the last."""
+    data, fds, _, _ = socket.recv_fds(sock, 1 << 16, _MAX_FDS)
+    if not data:  # the child closed its end
+        for fd in fds:
+            os.close(fd)
+        return True
+    message = json.loads(data)
+    if "fatal" in message:
+        raise LoaderError(message["fatal"])
+    if message.get("done"):
+        return True
+    name = message["family"]
+    if "error" in message:
+        detail = first_error(message.get("output", ""))
+        failed[name] = message["error"] + (f": {detail}" if detail else "")
+    else:
+        tables = message.get("tables", [])
+        loaded[name] = LoadedFamily(name, fds[0], list(fds[1 + len(tables):]),
+                                    message["load_seconds"],
+                                    dict(zip(tables, fds[1:1 + len(tables)], strict=True)))
+    return False
 
 
 # ------------------------------------------------------------------------- the child process

@@ -196,3 +196,33 @@ def test_privileges_are_read_from_capabilities(tmp_path, monkeypatch):
                           (1 << 39, False)):
         status.write_text(f"Name:\tx\nCapEff:\t{caps:016x}\n")
         assert (ebpf.privilege_problem(str(status)) is None) == allowed, hex(caps)
+
+
+def test_programs_load_into_an_agent_holding_over_1024_descriptors():
+    """select(2) cannot watch a descriptor above 1,023: the loader's socket must be waited on
+    another way, or an agent with many connections open never gets its programs (seen in the
+    suite: "filedescriptor out of range in select()" once the test process held ~1,100)."""
+    import resource
+
+    from sloguard.collectors import ebpf_loader
+    from sloguard.collectors.config import EbpfCollectorConfig
+    from sloguard.collectors.ebpf import kernel_source
+
+    need_bcc()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        loaded, failed = ebpf_loader.load(["runqueue"], False,
+                                          kernel_source(EbpfCollectorConfig()))
+        assert failed == {} and list(loaded) == ["runqueue"]
+        for family in loaded.values():
+            assert family.map_fd > 1100  # received above the limit select(2) has
+            family.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
