@@ -604,9 +604,12 @@ def test_the_lab_runs_a_scenario_as_pods_on_the_node(node: Node, tmp_path: Path)
     result = run_way(spec, "guarded", tmp_path / "guarded", lambda fraction, way: None,
                      kubeconfig=env.kubeconfig_path(), pods=pods)
     assert f"LS and BE as pods on node {env.node_name} (redis on cpuset 0)" in result.client
-    answered = result.records[result.records[:, 2] >= 0]
-    assert len(answered) > 0.9 * spec.ls.rate * 20, len(answered)  # over the pod network
+    # over the pod network: before the antagonist, all of the client's requests are answered
+    # (during it, a starved redis may leave some unanswered: that is what the lab measures)
     [episode] = result.episodes
+    before = result.records[result.records[:, 0] < episode.started_ns]
+    assert len(before) > 0.9 * spec.ls.rate * 5, len(before)  # the 6 s quiet period
+    assert (before[:, 2] >= 0).mean() > 0.99, (before[:, 2] >= 0).mean()
     assert episode.returncode == 0 and episode.bogo_ops > 0, episode  # its report, via hostPath
     assert 14 < episode.seconds < 25, episode.seconds  # from the stressor's own start stamp
     # The agent found both pods through the API and the kubelet's cgroups, with their classes.

