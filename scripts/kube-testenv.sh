@@ -265,7 +265,7 @@ build_kube() {
             # prerelease-lifecycle; kubectl's bindata), so only that one is made: the step
             # before the compile went from ~70 s to 34 s here (2026-12-03).
             local idle=()
-            [[ "${SLOGUARD_KUBE_IDLE:-0}" != 1 ]] || idle=(chrt --idle 0)
+            [[ "${SLOGUARD_KUBE_BACKGROUND:-0}" != 1 ]] || idle=(chrt --idle 0)
             "${idle[@]}" make gen_openapi >&2
             "${idle[@]}" hack/make-rules/build.sh ${go_targets[*]} >&2
         )
@@ -292,12 +292,21 @@ build_kube() {
     fi
 }
 
+# Prints the names of the binaries that are not cached and verified, on one line.
+missing_binaries() {
+    local name missing=()
+    for name in "${BINARIES[@]}"; do
+        if binary_ok "${name}"; then log "ok ${name}"; else missing+=("${name}"); fi
+    done
+    echo "${missing[*]}"
+}
+
 # ------------------------------------------------------------------------------------ main
 main() {
     local start missing=() name
     start="$(date +%s)"
     mkdir -p "${BIN_DIR}"
-    if [[ "${SLOGUARD_KUBE_LOCK_HELD:-0}" == 1 ]]; then
+    if [[ "${SLOGUARD_KUBE_BACKGROUND:-0}" == 1 ]]; then
         : # started by --background, which took the lock and handed it down as fd 9
     else
         exec 9>"${LOCK_FILE}"
@@ -308,13 +317,7 @@ main() {
     fi
     ensure_packages containerd runc containernetworking-plugins iproute2
 
-    for name in "${BINARIES[@]}"; do
-        if binary_ok "${name}"; then
-            log "ok ${name}"
-        else
-            missing+=("${name}")
-        fi
-    done
+    read -ra missing <<<"$(missing_binaries)"
     if [[ ${#missing[@]} -eq 0 ]]; then
         log "all binaries verified in $(($(date +%s) - start)) s"
         echo "kube test env ready: ${BIN_DIR}"
@@ -360,22 +363,18 @@ main() {
 # looks for it then waits), and hands it to a detached copy of this script, which holds it
 # (inherited fd 9) until the binaries are cached.
 background() {
-    local name ready=1
     mkdir -p "${BIN_DIR}"
     exec 9>"${LOCK_FILE}"
     if ! flock -n 9; then
         log "a build is already running (its log: ${BACKGROUND_LOG}); the tests will wait for it"
         return 0
     fi
-    for name in "${BINARIES[@]}"; do
-        binary_ok "${name}" || { ready=0; break; }
-    done
-    if [[ "${ready}" -eq 1 ]]; then
+    if [[ -z "$(missing_binaries)" ]]; then
         echo "kube test env ready: ${BIN_DIR}"
         return 0
     fi
     log "building in the background, the compile at idle CPU priority; log: ${BACKGROUND_LOG}"
-    SLOGUARD_KUBE_LOCK_HELD=1 SLOGUARD_KUBE_IDLE=1 setsid bash "${BASH_SOURCE[0]}" \
+    SLOGUARD_KUBE_BACKGROUND=1 setsid bash "${BASH_SOURCE[0]}" \
         >"${BACKGROUND_LOG}" 2>&1 </dev/null &
 }
 

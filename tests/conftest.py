@@ -58,11 +58,18 @@ def say(config: pytest.Config, line: str) -> None:
         print(f"\n[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
 
 
-def kube_binaries_missing(config: pytest.Config) -> str:
-    """What the Kubernetes tests lack ('' if nothing), once the background build is over."""
-    from support.kubeenv import missing_binaries_message, wait_for_background_build
+def wait_for_kube_build(config: pytest.Config) -> None:
+    """Until a background Kubernetes build is over, with its progress on the terminal."""
+    from support.kubeenv import wait_for_background_build
 
     wait_for_background_build(lambda line: say(config, line))
+
+
+def kube_binaries_missing(config: pytest.Config) -> str:
+    """What the Kubernetes tests lack ('' if nothing), once the background build is over."""
+    from support.kubeenv import missing_binaries_message
+
+    wait_for_kube_build(config)
     return missing_binaries_message()
 
 
@@ -221,7 +228,7 @@ def kube_node(request, tmp_path_factory):
     with a kubelet and its pods."""
     from support.kubenode import KubeNodeEnv, build_images, daemonset_image, node_prerequisites
 
-    kube_binaries_missing(request.config)  # node_prerequisites names what is missing
+    wait_for_kube_build(request.config)
     reason = node_prerequisites()
     need(not reason, reason)
     root = DEPLOY_BASE.parent.parent

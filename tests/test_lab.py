@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from sloguard.cli import app
 from sloguard.core.cpulist import parse_cpulist
 from sloguard.lab.agent import LS_CGROUP
-from sloguard.lab.analysis import mitigated_spans, p99_timeline, way_stats
+from sloguard.lab.analysis import mitigated_spans, p99_timeline, stalled, way_stats
 from sloguard.lab.antagonists import EpisodeRun, LabSetupError, bogo_ops
 from sloguard.lab.cgroups import LabCgroup, hierarchies, pids_in
 from sloguard.lab.report import build
@@ -41,7 +41,6 @@ from sloguard.lab.way import LabStage, Relay, WayResult, run_way, shared_cpus, s
 # latency and throughput are measured here: these run last, never beside the background
 # Kubernetes build of `make test` (conftest.run_phase)
 pytestmark = pytest.mark.timing
-NOISY_BASELINE = 5.0  # baseline p99 over this many times its median: the machine stalled
 ROOT = os.geteuid() == 0
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 HAVE_TOOLS = shutil.which("redis-server") is not None and shutil.which("stress-ng") is not None
@@ -452,15 +451,6 @@ def test_short_lab_run_shows_the_guardrail_working(tmp_path: Path) -> None:
         return (unguarded.episode_p99_ms > 1.5 * base.episode_p99_ms
                 and guarded.episode_p99_ms < unguarded.episode_p99_ms)
 
-    def noisy(ways: dict) -> bool:
-        """The machine, not the antagonist, set the tail: the baseline itself, with no
-        antagonist, had a p99 over NOISY_BASELINE times its median. On this VM that is a
-        stall of milliseconds many times a second (seen for an hour at a time: baseline p99
-        1.7-3.7 ms against a median of 0.16-0.19 ms, 15% of requests over 1 ms); in a quiet
-        hour the ratio is 1.3-3 (docs/lab.md, "A noisy machine")."""
-        base = ways["baseline"]
-        return base.episode_p99_ms > NOISY_BASELINE * base.episode_p50_ms
-
     # One short run per way is at the mercy of this shared 2-core machine: a stall of the
     # baseline's own episode (seen in CI: baseline p99 3.9 ms above the unguarded 3.4 ms) says
     # nothing about the guardrail. Such a run is measured once more. The directions must hold
@@ -475,8 +465,10 @@ def test_short_lab_run_shows_the_guardrail_working(tmp_path: Path) -> None:
             break
         print(f"the directions did not hold in {out.name} (p50, p99 ms):",
               {w: (s.episode_p50_ms, s.episode_p99_ms) for w, s in ways.items()})
-    held = directions_hold(ways)
-    if not held and all(noisy(a) for a in attempts):
+    # stalled(): the baseline's p99 over NOISY_BASELINE times its median (sloguard.lab.analysis;
+    # on this VM for an hour at a time: 1.7-3.7 ms against 0.16-0.19 ms, no antagonist running)
+    measurable = directions_hold(ways) or not all(stalled(a["baseline"]) for a in attempts)
+    if not measurable:
         warnings.warn(UserWarning(
             "the lab's tail directions were not measurable here: every baseline stalled "
             "(baseline p99/p50 " + ", ".join(
@@ -489,7 +481,7 @@ def test_short_lab_run_shows_the_guardrail_working(tmp_path: Path) -> None:
         assert f"on CPUs {shared}; relay on CPUs {shared}; agent on CPUs {shared}" in note
     print({w: (s.episode_p99_ms, s.be_ops_per_s, [e.first_action_s for e in s.episodes])
            for w, s in ways.items()})
-    if held or not all(noisy(a) for a in attempts):
+    if measurable:
         assert unguarded.episode_p99_ms > 1.5 * base.episode_p99_ms
         assert guarded.episode_p99_ms < unguarded.episode_p99_ms
     [episode] = guarded.episodes
@@ -666,3 +658,15 @@ def test_the_suspects_way_policy_targets_the_suspects_with_every_per_workload_le
     targets = {lever["step"]: lever.get("target") for step in policy["steps"]
                for lever in step.get("levers", [])}
     assert targets["cpu_idle"] is None and targets["cpuset"] == "suspects"
+
+
+def test_a_baseline_whose_tail_the_machine_set_is_told_apart() -> None:
+    """The criterion the report and the short lab run use (docs/lab.md, "A noisy machine"):
+    figures of a quiet hour and of an hour of this VM's stalls, both measured here."""
+    from sloguard.lab.analysis import WayStats
+
+    def baseline(p50: float, p99: float) -> WayStats:
+        return WayStats("baseline", 1, 0, p50, p99, p99, p50, p99, p99, 0.1, 0.0)
+
+    assert not stalled(baseline(0.16, 0.45))  # a quiet hour, the eBPF programs on
+    assert stalled(baseline(0.19, 3.68))  # the VM stalling, no antagonist running

@@ -26,6 +26,10 @@ from sloguard.lab.way import WayResult
 MITIGATING = frozenset({"cpu_idle", "cpuset", "cpu_quota", "memory_limit", "resctrl", "evict"})
 ACTED = frozenset({"done", "proposed"})
 GRACE_S = 10.0  # after an episode ends, rungs still belong to it (the rule's recovery hold)
+# A baseline whose in-episode p99 is over this many times its median stalled by itself: no
+# antagonist ran, so the machine set its tail (docs/lab.md, "A noisy machine": 1.3-3x in a
+# quiet hour here, 7-20x in an hour of the VM's stalls).
+NOISY_BASELINE = 5.0
 
 
 def latencies_ms(records: np.ndarray) -> np.ndarray:
@@ -73,6 +77,12 @@ class WayStats:
     innocent_ops_per_s: dict[str, float] = field(default_factory=dict)  # by innocent name
     quiet_actions: list[dict[str, Any]] = field(default_factory=list)
     actions: list[dict[str, Any]] = field(default_factory=list)  # with `t` (s from start)
+
+
+def stalled(baseline: WayStats) -> bool:
+    """The machine, not an antagonist, set this baseline's tail: its ratios to other ways say
+    more about the machine than about the guardrail."""
+    return baseline.episode_p99_ms > NOISY_BASELINE * baseline.episode_p50_ms
 
 
 def in_episodes(t_s: np.ndarray, spans: list[tuple[float, float]]) -> np.ndarray:

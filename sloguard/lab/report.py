@@ -14,10 +14,12 @@ from pathlib import Path
 
 from sloguard.lab.analysis import (
     MITIGATING,
+    NOISY_BASELINE,
     WayStats,
     mitigated_spans,
     p99_timeline,
     p99_within,
+    stalled,
     way_stats,
 )
 from sloguard.lab.scenario import ScenarioSpec
@@ -333,6 +335,12 @@ def _scenario(g: ScenarioRuns, out: Path) -> list[str]:
             f"{_x(r.ratio(way, 'episode_p99_ms', 'baseline'))} | {_ms(s.send_lag_p99_ms)} | "
             f"{s.be_ops_per_s:.0f} | "
             f"{_x(r.ratio(way, 'be_ops_per_s', 'unguarded')) if way != 'baseline' else '-'} |")
+    base = r.stats.get("baseline")
+    if base is not None and stalled(base):
+        lines += ["", f"**The baseline stalled**: its in-episode p99 ({_ms(base.episode_p99_ms)} "
+                  f"ms) is over {NOISY_BASELINE:g}x its median ({_ms(base.episode_p50_ms)} ms) "
+                  "with no antagonist running, so this run's ratios say more about the machine "
+                  "than about the guardrail (docs/lab.md, \"A noisy machine\")."]
     lines += ["", "Per episode (seconds from the antagonist's start; unguarded: the agent in "
               "shadow mode, its proposals):", "",
               "| way | episode | antagonist | length s | p99 ms | to firing s | "
