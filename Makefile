@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test install install-test test-deps kube-testenv node-testenv test-images bcc-setup lint bench lab clean
+.PHONY: run test install install-test test-deps kube-testenv node-testenv influx-testenv \
+	browser-testenv docker-testenv lab-testenv test-images bcc-setup lint bench lab clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,16 +47,27 @@ test-deps: kube-testenv node-testenv test-images
 kube-testenv:
 	bash scripts/kube-testenv.sh
 
-node-testenv: bcc-setup
-	bash scripts/influx-testenv.sh
-	bash scripts/browser-testenv.sh
+## One target per script, so that `make -j2` can overlap them: none needs the venv but BCC's.
+node-testenv: docker-testenv bcc-setup influx-testenv browser-testenv lab-testenv
+
+docker-testenv:
 	bash scripts/docker-testenv.sh
+
+influx-testenv:
+	bash scripts/influx-testenv.sh
+
+browser-testenv:
+	bash scripts/browser-testenv.sh
+
+lab-testenv:
 	bash scripts/lab-testenv.sh
 
 ## The agent's and the lab workload's images into Docker's layer cache, while the Kubernetes
 ## build still runs: the image test and the node fixture then build from the cache (on a fresh
-## machine the first build, mostly apt and pip inside the images, cost the suite 143 s).
-test-images: node-testenv install-test
+## machine the first build, mostly apt and pip inside the images, cost the suite 143 s). They
+## need Docker and the venv only, so they build while the other installs go on (in a slow hour
+## they took 277 s, which were on the critical path while they waited for every install).
+test-images: docker-testenv install-test
 	cd tests && $(abspath $(BIN))/python -m support.kubenode --images-only
 
 ## ruff, and the layer rule: each part imports only from the layers below it (pyproject.toml's
@@ -70,7 +82,7 @@ lint: $(VENV)/.installed-test
 ## it (tests/conftest.py: the run order; a fresh machine's figures: docs/development.md).
 test:
 	bash scripts/kube-testenv.sh --background
-	$(MAKE) -j2 install-test node-testenv test-images
+	$(MAKE) -j2 test-images install-test node-testenv
 	$(MAKE) lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
