@@ -37,6 +37,7 @@ groups:
 class ServerProcess:
     def __init__(self, binary: str, config: Path, data: Path, log: Path, port: int) -> None:
         self.url = f"http://127.0.0.1:{port}"
+        self.http = httpx.Client(base_url=self.url, timeout=5)  # as AgentProcess's, for the polls
         self.log = log
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
@@ -46,7 +47,7 @@ class ServerProcess:
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log.read_text()[-3000:]
             try:
-                if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
+                if self.http.get("/healthz", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -54,7 +55,7 @@ class ServerProcess:
         raise AssertionError(f"server never healthy: {self.log.read_text()[-3000:]}")
 
     def get(self, path: str) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=5)
+        return self.http.get(path)
 
     def terminate(self) -> int:
         self.proc.send_signal(signal.SIGTERM)

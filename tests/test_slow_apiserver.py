@@ -14,7 +14,6 @@ import re
 import urllib.parse
 from pathlib import Path
 
-import httpx
 from kubernetes import client
 from support.fault_sweep import Agent, Sweep
 from support.slow_proxy import SlowProxy
@@ -64,7 +63,7 @@ def test_ticks_keep_their_interval_while_every_api_call_takes_5s(
     agent = Agent(sloguard_bin, path, here / "data", here / "agent.log", {})
     core = client.CoreV1Api(kube.api_client())
     try:
-        assert agent.wait(lambda: httpx.get(agent.url + "/healthz").status_code == 200, 30)
+        assert agent.wait(agent.healthy, 30)
         hog = real_cgroups.spawn(ls)
         assert agent.wait(lambda: agent.firing(), 30), "never fired"
         idle = sweep.cpu_root / be / "cpu.idle"
@@ -81,7 +80,7 @@ def test_ticks_keep_their_interval_while_every_api_call_takes_5s(
 
         assert agent.wait(evicted, 240), "the API steps never completed"
         assert core.read_node(node).spec.unschedulable is True
-        metrics = httpx.get(agent.url + "/metrics", timeout=10).text
+        metrics = agent.http.get("/metrics", timeout=10).text
         buckets = _histogram(metrics, "sloguard_tick_duration_seconds")
         # every tick within 2.5 s, 1.25x the interval: one that waited on the API would have
         # taken 5 s or more
