@@ -92,6 +92,12 @@ class Engine(AlertLifecycle):
     # the agent's own open events by name (RulesInvalid); None until read from the store
     _events: dict[str, Incident] | None = None
 
+    def close(self) -> None:
+        """End the detector worker's thread (an agent stopped in-process, a backtest done)."""
+        if self._worker is not None:
+            self._worker.abandon()
+            self._worker = None
+
     def restore(self) -> int:
         """Adopt this node's open incidents from before a restart, once their rule is loaded.
 

@@ -17,15 +17,22 @@ from concurrent.futures import Future
 from typing import Any
 
 
+def _noop() -> None:
+    return None
+
+
 class DetectorWorker:
     def __init__(self) -> None:
-        self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
+        self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], Future | None]] = (
+            queue.SimpleQueue())
         self._thread = threading.Thread(target=self._serve, name="detectors", daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
         while not self._abandoned:
             run, future = self._tasks.get()
+            if future is None:  # abandon()'s wake-up
+                break
             if not future.set_running_or_notify_cancel():
                 continue
             try:
@@ -36,8 +43,11 @@ class DetectorWorker:
     _abandoned = False
 
     def abandon(self) -> None:
-        """No more work for this worker: it ends once the work in hand returns."""
+        """No more work for this worker: it ends once the work in hand returns, or at once
+        when idle (an idle worker waits on its queue, so the flag alone never ended it: a
+        thread stayed behind per agent stopped in-process, 80 in one test process)."""
         self._abandoned = True
+        self._tasks.put((_noop, None))
 
     @property
     def stuck(self) -> bool:

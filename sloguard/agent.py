@@ -289,6 +289,7 @@ class Agent:
         self.store.close()
         self.ladder.close()  # an API call under way ends within its timeout
         self.attributor.close()
+        self.engine.close()
         self.guard_cost.close()
         self.incidents.close()
         self.ledger.close()

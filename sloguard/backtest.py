@@ -82,6 +82,7 @@ def backtest(
             now += step_ns
         errors = {key: status.error for key, status in engine.status.items() if status.error}
         found = sorted(incidents.query(limit=100_000), key=lambda i: i.started_ns)
+        engine.close()
         incidents.close()
     return BacktestResult(found, evaluations, len(feed), errors, history)
 

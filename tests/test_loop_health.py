@@ -124,3 +124,32 @@ def test_failing_ticks_make_readyz_then_healthz_say_so(chaos_agent):
     (agent.trigger.parent / "fail-ticks").unlink()  # mended
     agent.wait_for(lambda: agent.get("/healthz").status_code == 200, 10, "not healthy again")
     assert agent.get("/healthz").json()["reason"] == ""
+
+
+def test_a_stopped_agent_leaves_no_thread_behind(tmp_path):
+    """Agent.stop() ends every thread the agent started: the detector worker waited on its
+    queue for good (one thread per agent stopped in-process, 80 in one test process)."""
+    import threading
+    import time
+
+    from sloguard.agent import Agent
+    from sloguard.settings import load_settings
+
+    config = tmp_path / "c.yaml"
+    config.write_text(f"node_name: n1\ndata_dir: {tmp_path / 'data'}\ninterval: 200ms\n"
+                      "collectors:\n  cgroups: {enabled: false}\n  ebpf: {enabled: false}\n")
+    before = set(threading.enumerate())
+    agent = Agent(load_settings(config).settings)
+    agent.start()
+    try:
+        deadline = time.monotonic() + 20
+        while agent.engine._worker is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # until a tick has run a rule's detector on the worker
+        assert agent.engine._worker is not None
+    finally:
+        agent.stop()
+    deadline = time.monotonic() + 5
+    while (left := [t.name for t in set(threading.enumerate()) - before if t.is_alive()]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left == []

@@ -267,10 +267,12 @@ def test_a_rule_that_hangs_for_good_leaves_one_stuck_worker_not_one_per_backoff(
         def sloguard_detectors(self):
             return [Forever]
 
-    def workers():
-        return [t for t in threading.enumerate() if t.name == "detectors"]
+    before = {t for t in threading.enumerate() if t.name == "detectors"}
 
-    before = len(workers())
+    def workers():  # started by this test (those of earlier tests may still be ending)
+        return [t for t in threading.enumerate()
+                if t.name == "detectors" and t not in before and t.is_alive()]
+
     text = RULES.replace("        params: {above: 10, recover_below: 5}\n",
                          "        detector: forever\n")
     h = _Harness(tmp_path, text, registry=DetectorRegistry(plugins=[Plugin()]), timeout_s=0.2)
@@ -281,16 +283,17 @@ def test_a_rule_that_hangs_for_good_leaves_one_stuck_worker_not_one_per_backoff(
         assert h.engine.status["ls/LSSlow"].evaluations == 1  # waits for the stuck code
         assert "once that code has returned" in h.engine.status["ls/LSSlow"].error
         assert h.engine.stuck_workers == 1
-        assert len(workers()) - before == 1  # the stuck one (no fresh one was needed)
+        assert len(workers()) == 1  # the stuck one (no fresh one was needed)
     finally:
         release.set()
     deadline = clock.monotonic() + 5
-    while len(workers()) > before and clock.monotonic() < deadline:
+    while workers() and clock.monotonic() < deadline:
         clock.sleep(0.01)
-    assert len(workers()) == before  # the abandoned worker ended once its work returned
+    assert workers() == []  # the abandoned worker ended once its work returned
     assert h.engine.stuck_workers == 0
     h.at(6 * backoff, 30.0)  # tried again: it runs (on a new worker) and can fire
     assert h.engine.status["ls/LSSlow"].evaluations == 2
+    h.engine.close()
 
 
 def test_backfill_from_the_store_continues_windows_after_restart(tmp_path):
@@ -1190,3 +1193,16 @@ def test_the_agents_group_name_is_reserved(tmp_path):
     path.write_text(RULES.replace("name: ls", "name: sloguard"))
     with pytest.raises(RuleFileError, match="reserved for the incidents the agent raises"):
         load_rule_file(path)
+
+
+def test_closing_the_engine_ends_its_detector_thread(tmp_path):
+    """An idle worker waits on its queue: abandoning it used to set a flag it never looked at
+    again, so every engine left its thread behind (80 in one test process)."""
+    h = _Harness(tmp_path)
+    h.at(0, 30.0)  # the rule's detector ran on the worker
+    thread = h.engine._worker._thread
+    assert thread.is_alive()
+    h.engine.close()
+    thread.join(5)
+    assert not thread.is_alive()
+    h.engine.close()  # twice is harmless
