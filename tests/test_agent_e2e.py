@@ -43,7 +43,8 @@ def _free_port() -> int:
 
 
 class AgentProcess:
-    def __init__(self, binary: str, config: Path, data: Path, log: Path) -> None:
+    def __init__(self, binary: str, config: Path, data: Path, log: Path,
+                 host: str = "127.0.0.1") -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # kept for the polls: httpx.get() builds a client and a TLS context per call (57 ms
@@ -53,7 +54,7 @@ class AgentProcess:
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
                 [binary, "run", "-c", str(config), "--data-dir", str(data),
-                 "--listen", f"127.0.0.1:{self.port}"],
+                 "--listen", f"{host}:{self.port}"],
                 stdout=out, stderr=subprocess.STDOUT,
             )
         self.wait_for(lambda: self.get("/healthz").status_code == 200, 30, "agent never healthy")

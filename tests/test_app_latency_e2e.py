@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
 import time
 
 import httpx
 from support.latency_service import LatencyService, Traffic, closed_port
-from test_agent_e2e import AgentProcess, _free_port
+from test_agent_e2e import AgentProcess
 
 from sloguard.store import WindowQuery
 from sloguard.store.embedded import open_store
@@ -210,14 +209,7 @@ class ExposedAgent(AgentProcess):
     """The agent listening beyond loopback (all addresses), where the UI wants its own token."""
 
     def __init__(self, binary: str, config, data, log) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [binary, "run", "-c", str(config), "--data-dir", str(data),
-                 "--listen", f"0.0.0.0:{self.port}"], stdout=out, stderr=subprocess.STDOUT)
-        self.wait_for(lambda: self.get("/healthz").status_code == 200, 30, "agent never healthy")
+        super().__init__(binary, config, data, log, host="0.0.0.0")
 
 
 def test_receive_token_and_ui_token_are_separate_off_loopback(tmp_path, sloguard_bin):
