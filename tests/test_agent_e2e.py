@@ -57,7 +57,13 @@ class AgentProcess:
                  "--listen", f"{host}:{self.port}"],
                 stdout=out, stderr=subprocess.STDOUT,
             )
-        self.wait_for(lambda: self.get("/healthz").status_code == 200, 30, "agent never healthy")
+        try:
+            self.wait_for(lambda: self.get("/healthz").status_code == 200, 30,
+                          "agent never healthy")
+        except BaseException:  # no test holds it yet: it would outlive the suite
+            self.proc.kill()
+            self.proc.wait()
+            raise
 
     def get(self, path: str) -> httpx.Response:
         if self.http.is_closed:  # asked again after terminate()
