@@ -6,6 +6,7 @@ import json
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -218,16 +219,15 @@ def rules_schema() -> None:
 
 def _moment(text: str) -> int:
     """ns since the epoch from `now`, `-1h` (relative to now), an ISO 8601 time or epoch secs."""
-    import time as _time
     from datetime import UTC, datetime
 
     from sloguard.core.units import parse_duration
 
     text = text.strip()
     if text == "now":
-        return _time.time_ns()
+        return time.time_ns()
     if text.startswith("-"):
-        return _time.time_ns() - int(parse_duration(text[1:]) * 1e9)
+        return time.time_ns() - int(parse_duration(text[1:]) * 1e9)
     try:
         return int(float(text) * 1e9)
     except ValueError:
@@ -406,6 +406,10 @@ def lab(
         task = bar.add_task("lab", total=session_seconds(specs, repeat))
 
         def progress(scenario: str, run: int, fraction: float, way: str) -> None:
+            if (scenario, run, way) not in fractions and not bar.console.is_terminal:
+                # no live bar in a log (CI, nohup): a line as each way starts, with the time
+                typer.echo(f"{time.strftime('%H:%M:%S')} lab: {scenario}: {way}"
+                           + (f" (run {run}/{repeat})" if repeat > 1 else ""))
             fractions[(scenario, run, way)] = fraction
             bar.update(task, completed=sum(f * lengths[name]
                                            for (name, _, _), f in fractions.items()),

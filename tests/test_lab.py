@@ -437,9 +437,14 @@ def test_short_lab_run_shows_the_guardrail_working(tmp_path: Path) -> None:
     """`sloguard lab cache --short`: three ways with the real agent. Asserts directions only
     (this machine is noisy): the antagonist hurts the LS tail, the guarded way acts during the
     episode with a lever and hurts it less, nothing is done in quiet periods, BE still works."""
+    ways_run = ("baseline", "unguarded", "guarded")
+
     def run(out: Path) -> dict:
         result = CliRunner().invoke(app, ["lab", "cache", "--short", "--out", str(out)])
         assert result.exit_code == 0, result.output
+        # no terminal here, so no live bar: a line as each way starts says how far it is
+        assert [line.split(" ", 1)[1] for line in result.output.splitlines()
+                if " lab: " in line] == [f"lab: cache: {w}" for w in ways_run], result.output
         report = (out / "report.md").read_text()
         assert (out / "lab-cache.png").stat().st_size > 10_000
         assert "## Scenario `cache`" in report
