@@ -65,8 +65,8 @@ lab-testenv:
 ## The agent's and the lab workload's images into Docker's layer cache, while the Kubernetes
 ## build still runs: the image test and the node fixture then build from the cache (on a fresh
 ## machine the first build, mostly apt and pip inside the images, cost the suite 143 s). They
-## need Docker and the venv only, so they build while the other installs go on (in a slow hour
-## they took 277 s, which were on the critical path while they waited for every install).
+## need Docker and the venv only, so they build while the other installs go on (183 s in the
+## last fresh run, docs/development.md; they used to wait for every install).
 test-images: docker-testenv install-test
 	cd tests && $(abspath $(BIN))/python -m support.kubenode --images-only
 

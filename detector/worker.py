@@ -17,22 +17,20 @@ from concurrent.futures import Future
 from typing import Any
 
 
-def _noop() -> None:
-    return None
-
-
 class DetectorWorker:
     def __init__(self) -> None:
-        self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], Future | None]] = (
+        # None is abandon()'s wake-up for an idle worker
+        self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], Future] | None] = (
             queue.SimpleQueue())
         self._thread = threading.Thread(target=self._serve, name="detectors", daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
         while not self._abandoned:
-            run, future = self._tasks.get()
-            if future is None:  # abandon()'s wake-up
+            task = self._tasks.get()
+            if task is None:
                 break
+            run, future = task
             if not future.set_running_or_notify_cancel():
                 continue
             try:
@@ -47,7 +45,7 @@ class DetectorWorker:
         when idle (an idle worker waits on its queue, so the flag alone never ended it: a
         thread stayed behind per agent stopped in-process, 80 in one test process)."""
         self._abandoned = True
-        self._tasks.put((_noop, None))
+        self._tasks.put(None)
 
     @property
     def stuck(self) -> bool:
