@@ -50,40 +50,42 @@ def backtest(
         windows = RecentWindows()
         engine = Engine(windows, incidents, rules, node, DryRunActuator(node),
                         registry=registry, timeout_s=timeout_s)
-        engine.sync_windows(None, start_ns)
-        history: dict[str, list[Sample]] = {}
-        feed: list[Sample] = []
-        seen: set[tuple] = set()  # rules sharing a signal must not see its samples twice
-        for rule in rules.rules:
-            for index, spec in enumerate(rule.spec.signals):
-                samples = store.read_samples(WindowQuery(
-                    spec.selector.measurement, start_ns - int(spec.window * 1e9), end_ns + 1,
-                    fields=(spec.field,), matchers=spec.selector.matchers))
-                for sample in samples:
-                    key = (sample.measurement, tuple(sorted(sample.tags.items())),
-                           sample.time_ns, spec.field)
-                    if key not in seen:
-                        seen.add(key)
-                        feed.append(sample)
-                if index == 0:
-                    history[rule.key] = samples
-        feed.sort(key=lambda s: s.time_ns)
-        step_ns, now, fed, evaluations = int(step_s * 1e9), start_ns, 0, 0
-        while now <= end_ns:
-            upto = fed
-            while upto < len(feed) and feed[upto].time_ns <= now:
-                upto += 1
-            windows.add(feed[fed:upto])
-            fed = upto
-            engine.evaluate(now)
-            evaluations += 1
-            if progress is not None and evaluations % 600 == 0:
-                progress((now - start_ns) / max(end_ns - start_ns, 1))
-            now += step_ns
-        errors = {key: status.error for key, status in engine.status.items() if status.error}
-        found = sorted(incidents.query(limit=100_000), key=lambda i: i.started_ns)
-        engine.close()
-        incidents.close()
+        try:
+            engine.sync_windows(None, start_ns)
+            history: dict[str, list[Sample]] = {}
+            feed: list[Sample] = []
+            seen: set[tuple] = set()  # rules sharing a signal must not see its samples twice
+            for rule in rules.rules:
+                for index, spec in enumerate(rule.spec.signals):
+                    samples = store.read_samples(WindowQuery(
+                        spec.selector.measurement, start_ns - int(spec.window * 1e9), end_ns + 1,
+                        fields=(spec.field,), matchers=spec.selector.matchers))
+                    for sample in samples:
+                        key = (sample.measurement, tuple(sorted(sample.tags.items())),
+                               sample.time_ns, spec.field)
+                        if key not in seen:
+                            seen.add(key)
+                            feed.append(sample)
+                    if index == 0:
+                        history[rule.key] = samples
+            feed.sort(key=lambda s: s.time_ns)
+            step_ns, now, fed, evaluations = int(step_s * 1e9), start_ns, 0, 0
+            while now <= end_ns:
+                upto = fed
+                while upto < len(feed) and feed[upto].time_ns <= now:
+                    upto += 1
+                windows.add(feed[fed:upto])
+                fed = upto
+                engine.evaluate(now)
+                evaluations += 1
+                if progress is not None and evaluations % 600 == 0:
+                    progress((now - start_ns) / max(end_ns - start_ns, 1))
+                now += step_ns
+            errors = {key: status.error for key, status in engine.status.items() if status.error}
+            found = sorted(incidents.query(limit=100_000), key=lambda i: i.started_ns)
+        finally:  # a failed read or rule must not leave the detector thread and the
+            engine.close()  # database behind in the caller (a test process runs many)
+            incidents.close()
     return BacktestResult(found, evaluations, len(feed), errors, history)
 
 
