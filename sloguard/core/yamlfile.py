@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +34,20 @@ def read_yaml(path: Path) -> tuple[Any, dict[tuple[str, ...], Position]]:
     return document, line_map(node)
 
 
-def load_model(path: Path, model: Any, empty: str) -> tuple[Any, dict[tuple[str, ...], Position]]:
+def load_model(path: Path, model: Any, empty: str,
+               context: Callable[[Any], dict[str, Any]] | None = None,
+               ) -> tuple[Any, dict[tuple[str, ...], Position]]:
     """Read and validate one file against a pydantic model: the model and the line map, or
     YamlFileError with every problem as `file:line:column: field: problem` (what rule, policy and
-    lab scenario files share). `empty` says what the file should define when it is empty."""
+    lab scenario files share). `empty` says what the file should define when it is empty.
+    `context(document)`: pydantic's validation context, for a field checked against another
+    part of the file that must still be reported at its own line."""
     document, lines = read_yaml(path)
     if document is None:
         raise YamlFileError(f"{path}:1:1: the file is empty; {empty}")
     try:
-        return model.model_validate(document), lines
+        return model.model_validate(
+            document, context=context(document) if context else None), lines
     except ValidationError as exc:
         raise YamlFileError(validation_problems(path, exc, lines)) from exc
 

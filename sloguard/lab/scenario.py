@@ -18,11 +18,20 @@ A file that does not validate is reported as `file:line:column: field: problem`,
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from sloguard.core.config import Duration
 from sloguard.core.cpulist import parse_cpulist
@@ -31,7 +40,6 @@ from sloguard.core.yamlfile import YamlFileError, load_model
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 WAYS = ("baseline", "unguarded", "guarded", "guarded-suspects", "guarded-mixed")
 DEFAULT_WAYS = WAYS[:3]
-Kind = Literal["cpu", "cache", "stream", "io", "vm"]
 
 # stress-ng stressors per antagonist kind (colocation-lab.md): what each one contends for
 ANTAGONISTS: dict[str, list[str]] = {
@@ -82,17 +90,68 @@ class LsSpec(_Strict):
         return value
 
 
+NAME = r"^[a-z0-9][a-z0-9-]{0,30}$"  # a BE job's name: part of its cgroup's
+
+
+class ProgramSpec(_Strict):
+    argv: list[str] = Field(min_length=1, description="the program and its arguments, run "
+                            "without a shell; started again each time it ends, for as long "
+                            "as its job runs")
+
+    @field_validator("argv", mode="before")
+    @classmethod
+    def _words(cls, value: object) -> object:
+        """`[xz, -9]` means the word "-9", not a number YAML made of it."""
+        if isinstance(value, list):
+            return [str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+                    for v in value]
+        return value
+
+
 class InnocentSpec(_Strict):
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,30}$", description="its cgroup's name")
-    kind: Literal["sleepy", "light-cpu", "half-cpu"]
+    name: str = Field(pattern=NAME, description="its cgroup's name")
+    kind: Literal["sleepy", "light-cpu", "half-cpu"] | None = Field(
+        None, description="a stress-ng innocent")
+    program: str | None = Field(None, description="or one of `be.programs`, by name")
+
+    @model_validator(mode="after")
+    def _one(self, info: ValidationInfo) -> InnocentSpec:
+        if (self.kind is None) == (self.program is None):
+            raise ValueError(f"innocent {self.name!r}: give `kind` or `program`, one of them")
+        programs = (info.context or {}).get("programs")  # a file's: said at this line
+        if self.program is not None and programs is not None and self.program not in programs:
+            raise ValueError(f"innocent {self.name!r}: no program {self.program!r} in "
+                             f"be.programs ({', '.join(sorted(programs)) or 'none'})")
+        return self
+
+    @property
+    def job(self) -> str:
+        """What it runs: its stress-ng kind or its program's name."""
+        return self.kind or self.program or ""
 
 
 class BeSpec(_Strict):
     workers: int = Field(2, ge=1, le=64, description="stress-ng workers per antagonist")
     vm_bytes: str = Field("1G", description="memory per vm worker (stress-ng --vm-bytes)")
+    programs: dict[str, ProgramSpec] = Field(
+        default_factory=dict, description="real programs as BE jobs, by name: an episode's "
+        "antagonist or an innocent may name one instead of a stress-ng kind; its throughput "
+        "is its completed runs")
     innocents: list[InnocentSpec] = Field(
         default_factory=list, description="BE jobs that run for the whole way and barely "
                                           "contend, each in its own cgroup (attribution)")
+
+    @field_validator("programs")
+    @classmethod
+    def _program_names(cls, value: dict[str, ProgramSpec]) -> dict[str, ProgramSpec]:
+        for name in value:
+            if not re.match(NAME, name):
+                raise ValueError(f"program name {name!r}: lower-case letters, digits and "
+                                 "'-', at most 31 (it names a cgroup)")
+            if name in ANTAGONISTS:
+                raise ValueError(f"program name {name!r} is a stress-ng kind's: name it "
+                                 "otherwise")
+        return value
 
     @field_validator("innocents")
     @classmethod
@@ -102,22 +161,44 @@ class BeSpec(_Strict):
             raise ValueError(f"innocent names must differ: {', '.join(names)}")
         return value
 
+    @model_validator(mode="after")
+    def _known_programs(self) -> BeSpec:
+        for innocent in self.innocents:
+            if innocent.program is not None and innocent.program not in self.programs:
+                raise ValueError(f"innocent {innocent.name!r}: no program "
+                                 f"{innocent.program!r} in be.programs "
+                                 f"({', '.join(self.programs) or 'none'})")
+        return self
+
 
 class EpisodeSpec(_Strict):
-    antagonist: Kind | list[Kind] = Field(
-        description="a stressor, or several at once (each in its own BE cgroup)")
+    antagonist: str | list[str] = Field(
+        description="a stress-ng kind (cpu, cache, stream, io, vm) or a program of "
+                    "`be.programs`, or several at once (each in its own BE cgroup)")
     duration: Duration = Field(gt=0)
 
     @field_validator("antagonist")
     @classmethod
-    def _kinds(cls, value: str | list[str]) -> str | list[str]:
+    def _kinds(cls, value: str | list[str], info: ValidationInfo) -> str | list[str]:
         if isinstance(value, list) and (not value or len(set(value)) != len(value)):
             raise ValueError("several antagonists at once must be different kinds")
+        # a file's programs come in the context (load_scenario), so that a name that is
+        # neither is reported at its own line; ScenarioSpec checks a spec built in code
+        programs = (info.context or {}).get("programs")
+        for name in [value] if isinstance(value, str) else value:
+            if not re.match(NAME, name) or (programs is not None and name not in ANTAGONISTS
+                                            and name not in programs):
+                raise ValueError(unknown_antagonist(name, programs or ()))
         return value
 
     @property
     def kinds(self) -> list[str]:
         return [self.antagonist] if isinstance(self.antagonist, str) else list(self.antagonist)
+
+
+def unknown_antagonist(name: str, programs: Iterable[str]) -> str:
+    return (f"{name!r} is neither a stress-ng kind ({', '.join(ANTAGONISTS)}) nor a program "
+            f"of be.programs ({', '.join(programs) or 'none'})")
 
 
 class ScheduleSpec(_Strict):
@@ -136,6 +217,20 @@ class ScenarioSpec(_Strict):
         default_factory=lambda: list(DEFAULT_WAYS), min_length=1,
         description="guarded-suspects: guarded with the cgroup levers at `target: suspects`; "
                     "guarded-mixed: SCHED_IDLE tier-wide, the others at `target: suspects`")
+
+    @field_validator("schedule")
+    @classmethod
+    def _known_antagonists(cls, value: ScheduleSpec, info: ValidationInfo) -> ScheduleSpec:
+        be = info.data.get("be")
+        if not isinstance(be, BeSpec):
+            return value  # `be` is wrong itself, and said so: its programs are unknown
+        programs = be.programs
+        for n, episode in enumerate(value.episodes):
+            for name in episode.kinds:
+                if name not in ANTAGONISTS and name not in programs:
+                    raise ValueError(f"episodes.{n}.antagonist: "
+                                     + unknown_antagonist(name, programs))
+        return value
 
     @property
     def culprits(self) -> bool:
@@ -163,9 +258,17 @@ class Episode:
 
 def load_scenario(path: Path) -> ScenarioSpec:
     try:
-        return load_model(path, ScenarioSpec, "a scenario defines `name` and `schedule`")[0]
+        return load_model(path, ScenarioSpec, "a scenario defines `name` and `schedule`",
+                          context=_programs_of)[0]
     except YamlFileError as exc:
         raise ScenarioError(str(exc)) from exc
+
+
+def _programs_of(document: object) -> dict[str, set[str]]:
+    """The names under `be.programs` of a file as read, whatever else is wrong with it."""
+    be = document.get("be") if isinstance(document, dict) else None
+    programs = be.get("programs") if isinstance(be, dict) else None
+    return {"programs": {str(k) for k in programs} if isinstance(programs, dict) else set()}
 
 
 def find_scenario(name_or_path: str) -> Path:
@@ -216,10 +319,12 @@ def innocent_cgroup(name: str, be_cgroup: str) -> str:
 
 def be_cgroups(spec: ScenarioSpec, be_cgroup: str) -> list[tuple[str, str]]:
     """Every BE cgroup a way of the scenario may use, with the name the agent knows it by."""
-    found: dict[str, str] = {be_cgroup: "stress-ng"}
+    firsts = {e.kinds[0] for e in spec.schedule.episodes}
+    # the first BE cgroup runs each episode's first antagonist: named for what runs there
+    found: dict[str, str] = {be_cgroup: "be" if firsts & set(spec.be.programs) else "stress-ng"}
     for episode in spec.schedule.episodes:
         for kind, rel in antagonist_cgroups(episode.kinds, be_cgroup).items():
-            found.setdefault(rel, f"stress-ng-{kind}")
+            found.setdefault(rel, kind if kind in spec.be.programs else f"stress-ng-{kind}")
     for innocent in spec.be.innocents:
         found[innocent_cgroup(innocent.name, be_cgroup)] = innocent.name
     return list(found.items())

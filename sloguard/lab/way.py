@@ -32,6 +32,7 @@ from sloguard.lab.antagonists import Antagonist, EpisodeRun, LabSetupError
 from sloguard.lab.cgroups import LabCgroup, pids_in
 from sloguard.lab.kube import LabNode
 from sloguard.lab.pods import PodAntagonist, PodPlacement
+from sloguard.lab.programs import ProgramJob
 from sloguard.lab.scenario import (
     INNOCENTS,
     BeSpec,
@@ -231,7 +232,7 @@ class LabStage:
         self.loadgen: subprocess.Popen | None = None
         self.relay: Relay | None = None
         self._client_log = workdir / "loadgen.log"
-        self.running: list[Antagonist | PodAntagonist] = []
+        self.running: list[Antagonist | PodAntagonist | ProgramJob] = []
         self.more_be: dict[str, LabCgroup] = {}  # BE cgroups beside the first (attribution)
 
     def __enter__(self) -> LabStage:
@@ -255,20 +256,26 @@ class LabStage:
         self.redis, self.port = start_redis(self.ls_cgroup, self.workdir)
 
     def antagonist(self, kind: str, duration: float, be: BeSpec, cgroup: str = BE_CGROUP,
-                   args: list[str] | None = None) -> Antagonist | PodAntagonist:
-        """One stressor: in the BE cgroup (or another BE cgroup of the lab's, for a second
-        antagonist or an innocent job), or as a BE pod on the node."""
+                   args: list[str] | None = None) -> Antagonist | PodAntagonist | ProgramJob:
+        """One stressor, or a program of `be.programs`: in the BE cgroup (or another BE cgroup
+        of the lab's, for a second antagonist or an innocent job), or as a BE pod on the
+        node."""
         if self.pods is not None:
             if cgroup != BE_CGROUP or args is not None:
                 raise LabSetupError("several BE workloads at once (innocents, antagonists "
                                     "together) do not run as pods yet: run the scenario "
                                     "without --kube")
+            if kind in be.programs:
+                raise LabSetupError(f"program {kind!r}: programs of be.programs do not run "
+                                    "as pods yet: run the scenario without --kube")
             return self.pods.antagonist(kind, duration, be, self.workdir)
         if cgroup == BE_CGROUP:
             where = self.be_cgroup
         else:
             where = self.more_be.get(cgroup) or self.more_be.setdefault(cgroup,
                                                                          LabCgroup(cgroup))
+        if kind in be.programs:
+            return ProgramJob(kind, be.programs[kind].argv, duration, where, self.workdir)
         return Antagonist(kind, duration, be, where, self.workdir, args)
 
     def start_client(self, duration: float, start_ns: int) -> Relay:
@@ -355,8 +362,9 @@ def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
             start_ns = time.time_ns() + int(lead_s * 1e9)
             relay = stage.start_client(total, start_ns)
             innocents = [] if way == "baseline" else [
-                (i, stage.antagonist(i.kind, total + lead_s, spec.be,
-                                     innocent_cgroup(i.name, BE_CGROUP), INNOCENTS[i.kind]))
+                (i, stage.antagonist(i.job, total + lead_s, spec.be,
+                                     innocent_cgroup(i.name, BE_CGROUP),
+                                     INNOCENTS[i.kind] if i.kind else None))
                 for i in spec.be.innocents]
             stage.running += [job for _, job in innocents]
             runs: list[EpisodeRun] = []
@@ -383,7 +391,7 @@ def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
             for spec_of, job in innocents:
                 done = job.finish()
                 stage.running.remove(job)
-                innocent_runs.append({"name": spec_of.name, "kind": spec_of.kind,
+                innocent_runs.append({"name": spec_of.name, "kind": spec_of.job,
                                       "cgroup": "/" + innocent_cgroup(spec_of.name, BE_CGROUP),
                                       "bogo_ops": done.bogo_ops, "seconds": done.seconds})
             time.sleep(1.5)  # the agent's last evaluation of what was pushed

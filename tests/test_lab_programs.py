@@ -1,0 +1,150 @@
+"""Real programs as the lab's BE jobs (`be.programs`): the scenario file's checks, and a
+program run over and over in a real cgroup, its runs counted."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from conftest import need
+
+from sloguard.lab.antagonists import LabSetupError
+from sloguard.lab.cgroups import LabCgroup
+from sloguard.lab.programs import ProgramJob
+from sloguard.lab.scenario import (
+    ScenarioError,
+    ScenarioSpec,
+    be_cgroups,
+    load_scenario,
+    shortened,
+    timeline,
+)
+
+SCENARIO = """\
+name: mine
+be:
+  programs:
+    compress: {argv: [xz, -9, -c, /usr/bin/python3]}
+    checksum: {argv: [sha256sum, /usr/bin/python3]}
+  innocents:
+    - {name: sums, program: checksum}
+    - {name: sleepy, kind: sleepy}
+schedule:
+  quiet: 5s
+  episodes:
+    - {antagonist: compress, duration: 10s}
+    - {antagonist: [cpu, compress], duration: 10s}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_scenario_names_its_own_programs_as_antagonists_and_innocents(tmp_path: Path):
+    spec = load_scenario(write(tmp_path, SCENARIO))
+    episodes, _ = timeline(spec)
+    assert [e.antagonist for e in episodes] == ["compress", "cpu+compress"]
+    assert spec.be.innocents[0].job == "checksum" and spec.be.innocents[1].job == "sleepy"
+    assert spec.be.programs["compress"].argv[:2] == ["xz", "-9"]  # a word, not YAML's number
+    assert spec.culprits
+    # the agent knows each BE cgroup by what runs there
+    assert dict(be_cgroups(spec, "lab/be")) == {
+        "lab/be": "be", "lab/be-compress": "compress",
+        "lab/be-innocent-sums": "sums", "lab/be-innocent-sleepy": "sleepy"}
+    assert shortened(spec, quiet=1, episode=2).schedule.episodes[1].kinds == ["cpu", "compress"]
+
+
+@pytest.mark.parametrize(("text", "line", "problem"), [
+    (SCENARIO.replace("{antagonist: compress, duration: 10s}",
+                      "{antagonist: compres, duration: 10s}"),
+     12, r"'compres' is neither a stress-ng kind .* nor a program of be.programs "
+         r"\(compress, checksum\)"),
+    (SCENARIO.replace("program: checksum", "program: sha"), 7,
+     r"innocent 'sums': no program 'sha' in be.programs \(checksum, compress\)"),
+    (SCENARIO.replace("{name: sleepy, kind: sleepy}",
+                      "{name: sleepy, kind: sleepy, program: compress}"), 8,
+     r"innocent 'sleepy': give `kind` or `program`, one of them"),
+    (SCENARIO.replace("    checksum:", "    cache:"), 3,
+     r"program name 'cache' is a stress-ng kind's"),
+    (SCENARIO.replace("argv: [sha256sum, /usr/bin/python3]", "argv: []"), 5, r"argv"),
+])
+def test_a_wrong_program_is_reported_at_its_line(tmp_path: Path, text: str, line: int,
+                                                 problem: str):
+    path = write(tmp_path, text)
+    with pytest.raises(ScenarioError, match=problem) as caught:
+        load_scenario(path)
+    assert f"{path}:{line}:" in str(caught.value)
+
+
+def test_a_spec_built_in_code_is_checked_too():
+    with pytest.raises(ValueError, match=r"episodes.0.antagonist: 'tar' is neither"):
+        ScenarioSpec.model_validate({"name": "x", "schedule": {
+            "episodes": [{"antagonist": "tar", "duration": 5}]}})
+
+
+# -- real runs in a real cgroup ----------------------------------------------------------------
+
+@pytest.fixture
+def cgroup():
+    need(os.geteuid() == 0, "creating cgroups needs root")
+    made = LabCgroup(f"sloguard-labtest-{os.getpid()}/program")
+    yield made
+    made.remove()
+    assert not any(path.exists() for path in made.paths())
+
+
+@pytest.mark.root
+def test_a_program_runs_again_until_its_time_and_only_whole_runs_count(cgroup, tmp_path):
+    job = ProgramJob("where", ["sh", "-c", "cat /proc/self/cgroup >&2; echo discarded; sleep 0.3"], 2.0, cgroup,
+                     tmp_path)
+    run = job.finish()
+    # 2 s of 0.3 s runs: 5 or 6 whole runs (the one cut by the end is not counted)
+    assert 4 <= run.bogo_ops <= 6, run
+    assert 1.9 <= run.seconds <= 3.0, run
+    lines = [line for line in (tmp_path / "program-where.log").read_text().splitlines()
+             if ":cpu:" in line or ":memory:" in line]
+    assert lines and all(line.endswith(cgroup.rel) for line in lines)  # every run inside
+    assert "discarded" not in (tmp_path / "program-where.log").read_text()  # stdout is not kept
+    assert not cgroup.pids()
+
+
+@pytest.mark.root
+def test_a_run_killed_by_a_signal_is_lost_and_the_job_goes_on(cgroup, tmp_path):
+    job = ProgramJob("victim", ["sleep", "0.5"], 2.5, cgroup, tmp_path)
+    deadline = time.monotonic() + 5
+    while not cgroup.pids() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for pid in cgroup.pids():
+        os.kill(pid, 9)  # as an OOM kill under a memory lever would
+    run = job.finish()
+    assert job.killed == 1
+    assert 2 <= run.bogo_ops <= 4, run  # it went on running after the kill
+
+
+@pytest.mark.root
+def test_a_program_that_fails_stops_its_job_and_says_why(cgroup, tmp_path):
+    job = ProgramJob("broken", ["sh", "-c", "echo no input file >&2; exit 3"], 5.0, cgroup,
+                     tmp_path)
+    started = time.monotonic()
+    with pytest.raises(LabSetupError, match=r"(?s)program 'broken' exited with 3.*no input "
+                                            r"file"):
+        job.finish()
+    assert time.monotonic() - started < 2  # the way is not spent on a job that cannot run
+    with pytest.raises(LabSetupError, match="'no-such-program' is not installed"):
+        ProgramJob("gone", ["no-such-program"], 1.0, cgroup, tmp_path)
+
+
+@pytest.mark.root
+def test_killing_a_job_mid_run_leaves_nothing_in_its_cgroup(cgroup, tmp_path):
+    job = ProgramJob("long", ["sleep", "30"], 30.0, cgroup, tmp_path)
+    deadline = time.monotonic() + 5
+    while not cgroup.pids() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert cgroup.pids()
+    job.kill()
+    assert not cgroup.pids()
