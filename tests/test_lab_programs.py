@@ -100,8 +100,8 @@ def cgroup():
 
 @pytest.mark.root
 def test_a_program_runs_again_until_its_time_and_only_whole_runs_count(cgroup, tmp_path):
-    job = ProgramJob("where", ["sh", "-c", "cat /proc/self/cgroup >&2; echo discarded; sleep 0.3"], 2.0, cgroup,
-                     tmp_path)
+    argv = ["sh", "-c", "cat /proc/self/cgroup >&2; echo discarded; sleep 0.3"]
+    job = ProgramJob("where", argv, 2.0, cgroup, tmp_path)
     run = job.finish()
     # 2 s of 0.3 s runs: 5 or 6 whole runs (the one cut by the end is not counted)
     assert 4 <= run.bogo_ops <= 6, run
