@@ -637,13 +637,14 @@ def test_the_suspects_way_policy_targets_the_suspects_with_every_per_workload_le
     agent would load it, with the real steps."""
     import yaml
 
+    from sloguard.actuators.config import default_policy_paths
     from sloguard.actuators.env import ActuatorEnv
     from sloguard.actuators.kinds import StepFactory
     from sloguard.actuators.ledger import Ledger
     from sloguard.actuators.policy import PolicySet
-    from sloguard.lab.agent import SUSPECT_LEVERS, WAY_SUSPECT_LEVERS, lab_policies
+    from sloguard.lab.agent import SUSPECT_LEVERS, WAY_TARGETS, lab_policies
 
-    folder = lab_policies(tmp_path / "p", kube=False, suspects=SUSPECT_LEVERS)
+    folder = lab_policies(tmp_path / "p", kube=False, targets=WAY_TARGETS["guarded-suspects"])
     [policy] = yaml.safe_load((folder / "ls-interference.yaml").read_text())["policies"]
     levers = [lever for step in policy["steps"] for lever in step.get("levers", [])]
     assert levers and all(lever.get("target") == "suspects" for lever in levers
@@ -654,15 +655,26 @@ def test_the_suspects_way_policy_targets_the_suspects_with_every_per_workload_le
     rungs = policies.get("ls-interference").rungs()
     widened = [r for r in rungs if r.widening]
     assert [r.widening for r in widened] == ["suspect", "suspect", "rest"] * 2
-    plain = lab_policies(tmp_path / "q", kube=False)
-    assert "target" not in (plain / "ls-interference.yaml").read_text()
+
+    def lever_targets(folder: Path) -> dict[str, str | None]:
+        [policy] = yaml.safe_load((folder / "ls-interference.yaml").read_text())["policies"]
+        return {lever["step"]: lever.get("target") for step in policy["steps"]
+                for lever in step.get("levers", [])}
+
+    # guarded: the shipped targets, untouched
+    shipped = yaml.safe_load((Path(default_policy_paths()[0]) / "ls-interference.yaml")
+                             .read_text())["policies"][0]
+    assert lever_targets(lab_policies(tmp_path / "q", kube=False)) == {
+        lever["step"]: lever.get("target") for step in shipped["steps"]
+        for lever in step.get("levers", [])}
+    # guarded-tier: every lever on the whole tier, whatever the shipped files say
+    tier = lever_targets(lab_policies(tmp_path / "t", kube=False,
+                                      targets=WAY_TARGETS["guarded-tier"]))
+    assert tier and set(tier.values()) == {"tier"}, tier
     # guarded-mixed: SCHED_IDLE stays on the tier, the levers that take CPU go to suspects
-    mixed = lab_policies(tmp_path / "m", kube=False,
-                         suspects=WAY_SUSPECT_LEVERS["guarded-mixed"])
-    [policy] = yaml.safe_load((mixed / "ls-interference.yaml").read_text())["policies"]
-    targets = {lever["step"]: lever.get("target") for step in policy["steps"]
-               for lever in step.get("levers", [])}
-    assert targets["cpu_idle"] is None and targets["cpuset"] == "suspects"
+    mixed = lever_targets(lab_policies(tmp_path / "m", kube=False,
+                                       targets=WAY_TARGETS["guarded-mixed"]))
+    assert mixed["cpu_idle"] == "tier" and mixed["cpuset"] == "suspects"
 
 
 def test_a_baseline_whose_tail_the_machine_set_is_told_apart() -> None:

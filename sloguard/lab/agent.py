@@ -35,13 +35,20 @@ import yaml
 from sloguard.actuators.config import default_policy_paths
 
 KUBE_STEPS = ("cordon", "reduce_capacity", "evict")
-# the levers a `guarded-suspects` way gives `target: suspects` (the per-workload ones)
+# the per-workload levers: the ones a policy step may point at `target: suspects`
 SUSPECT_LEVERS = ("cpu_idle", "cpuset", "cpu_quota", "memory_limit")
-# `guarded-mixed`: SCHED_IDLE stays tier-wide (it cost BE nothing measurable in the lab, and
-# the first ranking at firing has no evidence yet), the levers that take CPU away go to the
+# the mixed policy: SCHED_IDLE tier-wide (it cost BE nothing measurable in the lab, and the
+# first ranking at firing has no evidence yet), the levers that take CPU or memory away on the
 # suspects first
 MIXED_LEVERS = ("cpuset", "cpu_quota", "memory_limit")
-WAY_SUSPECT_LEVERS = {"guarded-suspects": SUSPECT_LEVERS, "guarded-mixed": MIXED_LEVERS}
+# each guarded way's lever targets over the shipped policies' own: `guarded` runs them as
+# shipped, the others set these kinds to these targets, so one run compares them all
+WAY_TARGETS: dict[str, dict[str, str]] = {
+    "guarded": {},
+    "guarded-tier": dict.fromkeys(SUSPECT_LEVERS, "tier"),
+    "guarded-suspects": dict.fromkeys(SUSPECT_LEVERS, "suspects"),
+    "guarded-mixed": {"cpu_idle": "tier", **dict.fromkeys(MIXED_LEVERS, "suspects")},
+}
 SERVICE = "redis-lab"
 LS_CGROUP = "sloguard-lab/ls"
 BE_CGROUP = "sloguard-lab/be"
@@ -53,10 +60,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def lab_policies(target: Path, kube: bool, suspects: tuple[str, ...] = ()) -> Path:
+def lab_policies(target: Path, kube: bool, targets: dict[str, str] | None = None) -> Path:
     """The shipped policies, copied; without an API server, the Kubernetes steps in shadow
-    mode; each lever kind named in `suspects` at `target: suspects` (the first suspect, then
-    the next, then the tier: docs/attribution.md)."""
+    mode; each lever kind in `targets` at the target it names (`suspects`: the first
+    suspect, then the next, then the tier: docs/attribution.md)."""
+    targets = targets or {}
     target.mkdir(parents=True, exist_ok=True)
     for source in default_policy_paths():
         path = Path(source)
@@ -68,8 +76,8 @@ def lab_policies(target: Path, kube: bool, suspects: tuple[str, ...] = ()) -> Pa
                     if not kube and step.get("step") in KUBE_STEPS:
                         step["dry_run"] = True
                     for lever in [step, *step.get("levers", [])]:
-                        if lever.get("step") in suspects:
-                            lever["target"] = "suspects"
+                        if lever.get("step") in targets:
+                            lever["target"] = targets[lever["step"]]
             (target / file.name).write_text(yaml.safe_dump(document, sort_keys=False))
     return target
 
@@ -77,10 +85,11 @@ def lab_policies(target: Path, kube: bool, suspects: tuple[str, ...] = ()) -> Pa
 def agent_config(workdir: Path, port: int, guarded: bool, slo: Any,
                  kubeconfig: str | None, node: str, pods: bool = False,
                  be_cgroups: list[tuple[str, str]] | None = None, ebpf: bool = False,
-                 suspects: tuple[str, ...] = ()) -> Path:
+                 targets: dict[str, str] | None = None) -> Path:
     """`be_cgroups`: the BE cgroups to declare (path, name); by default the one BE cgroup.
     `ebpf`: run the eBPF programs (attribution's run-queue blame needs them); off otherwise,
-    as compiling them costs each way several CPU-seconds right before the schedule."""
+    as compiling them costs each way several CPU-seconds right before the schedule.
+    `targets`: the lever targets over the shipped policies' own (WAY_TARGETS)."""
     token = workdir / "receive.token"
     token.write_text(secrets.token_hex(16))
     # Pods are found as on any node (the kubelet's kubepods, classes from the API); the lab's
@@ -104,7 +113,7 @@ def agent_config(workdir: Path, port: int, guarded: bool, slo: Any,
         "actuators": {
             "dry_run": not guarded,
             "policies": [str(lab_policies(workdir / "policies", kubeconfig is not None,
-                                          suspects))],
+                                          targets))],
         },
         "app_latency": {"pods": {"enabled": False},
                         "receive": {"enabled": True, "token_file": str(token)}},
@@ -122,12 +131,12 @@ class LabAgent:
     def __init__(self, workdir: Path, guarded: bool, slo: Any, kubeconfig: str | None = None,
                  node: str = "sloguard-lab", cpus: set[int] | None = None,
                  pods: bool = False, be_cgroups: list[tuple[str, str]] | None = None,
-                 ebpf: bool = False, suspects: tuple[str, ...] = ()) -> None:
+                 ebpf: bool = False, targets: dict[str, str] | None = None) -> None:
         self.workdir = workdir
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         config = agent_config(workdir, self.port, guarded, slo, kubeconfig, node, pods,
-                              be_cgroups, ebpf, suspects)
+                              be_cgroups, ebpf, targets)
         self.token = (workdir / "receive.token").read_text().strip()
         binary = shutil.which("sloguard", path=str(Path(sys.executable).parent)) or "sloguard"
         self.log = open(workdir / "agent.log", "ab")  # noqa: SIM115 - closed in stop

@@ -31,8 +31,8 @@ TARGET_P99_RATIO = 1.25
 TARGET_BE_RATIO = 0.5
 HELD_ANTAGONISTS = ("cpu", "cache", "io")  # where a manual lever reached both targets here
 COLORS = {"baseline": "#2b8a3e", "unguarded": "#c92a2a", "guarded": "#1864ab",
-          "guarded-suspects": "#e8590c", "guarded-mixed": "#7048e8"}
-GUARDED_WAYS = ("unguarded", "guarded", "guarded-suspects", "guarded-mixed")
+          "guarded-tier": "#0c8599", "guarded-suspects": "#e8590c", "guarded-mixed": "#7048e8"}
+GUARDED_WAYS = ("unguarded", "guarded", "guarded-tier", "guarded-suspects", "guarded-mixed")
 TARGET_INNOCENT_RATIO = 0.9  # attribution (#22): the innocent BE jobs keep this much
 
 
@@ -271,9 +271,10 @@ def _attribution(r: ScenarioReport) -> list[str]:
     lines = ["", "Attribution (docs/attribution.md): the first suspect of the first incident "
              "under a policy in each episode (its last ranking) against the episode's "
              "antagonists; the innocent BE jobs' throughput (the worst of them) and the "
-             "antagonists' against the unguarded way. `guarded` acts on the whole BE tier, "
-             "`guarded-suspects` on the suspects first (`target: suspects`), `guarded-mixed` "
-             "SCHED_IDLE on the tier and the other levers on the suspects first.", "",
+             "antagonists' against the unguarded way. `guarded` runs the shipped policies, "
+             "`guarded-tier` acts on the whole BE tier, `guarded-suspects` on the suspects "
+             "first (`target: suspects`), `guarded-mixed` SCHED_IDLE on the tier and the other "
+             "levers on the suspects first.", "",
              "| way | antagonist ranked first | in-episode p99 vs baseline | innocents vs "
              f"unguarded (target >= {TARGET_INNOCENT_RATIO:.0%}) | antagonists vs unguarded |",
              "|---|---|---|---|---|"]

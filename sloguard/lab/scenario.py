@@ -38,7 +38,7 @@ from sloguard.core.cpulist import parse_cpulist
 from sloguard.core.yamlfile import YamlFileError, load_model
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
-WAYS = ("baseline", "unguarded", "guarded", "guarded-suspects", "guarded-mixed")
+WAYS = ("baseline", "unguarded", "guarded", "guarded-tier", "guarded-suspects", "guarded-mixed")
 DEFAULT_WAYS = WAYS[:3]
 
 # stress-ng stressors per antagonist kind (colocation-lab.md): what each one contends for
@@ -212,11 +212,13 @@ class ScenarioSpec(_Strict):
     ls: LsSpec = Field(default_factory=LsSpec)
     be: BeSpec = Field(default_factory=BeSpec)
     schedule: ScheduleSpec
-    ways: list[Literal["baseline", "unguarded", "guarded", "guarded-suspects",
+    ways: list[Literal["baseline", "unguarded", "guarded", "guarded-tier", "guarded-suspects",
                        "guarded-mixed"]] = Field(
         default_factory=lambda: list(DEFAULT_WAYS), min_length=1,
-        description="guarded-suspects: guarded with the cgroup levers at `target: suspects`; "
-                    "guarded-mixed: SCHED_IDLE tier-wide, the others at `target: suspects`")
+        description="guarded: the shipped policies as they are; guarded-tier: every lever on "
+                    "the whole BE tier; guarded-suspects: the per-workload levers at `target: "
+                    "suspects`; guarded-mixed: SCHED_IDLE tier-wide, the others at `target: "
+                    "suspects`")
 
     @field_validator("schedule")
     @classmethod
