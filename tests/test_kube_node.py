@@ -10,7 +10,11 @@ The test overlay changes only what this machine needs, and nothing of the agent'
 - config.yaml: `actuators.dry_run: false`; the receive endpoint on (the LS latency is pushed,
   as a service's client would push it); one SLO for the service; `listen` on a free port (the
   pod is on the host's network, 8080 may be taken on a developer's machine).
-- policies: the shipped files with evict's `dry_run: true` removed, as an operator would.
+- policies: the shipped files with evict's `dry_run: true` removed, as an operator would,
+  and cpuset at `target: suspects` (docs/attribution.md): SCHED_IDLE then lands on the
+  kubelet's besteffort QoS cgroup and cpuset on the BE pods' own cgroups (the pod's, then its
+  containers' under it), the first suspect's pod alone first, so both kinds of target are
+  proven on the kubelet's cgroups in one climb.
 - DaemonSet: `KUBERNETES_SERVICE_HOST=127.0.0.1` and the apiserver's port (the test node has
   no kube-proxy, so the `kubernetes` Service's ClusterIP does not route); the data hostPath
   in the test's temp dir instead of the host's /var/lib/sloguard; the receive token's Secret
@@ -75,6 +79,9 @@ def write_overlay(directory: Path, *, port: int, api_port: int, data_dir: Path) 
             for step in policy.get("steps", []):
                 if step.get("step") == "evict":
                     step.pop("dry_run", None)
+                for lever in step.get("levers", []):
+                    if lever.get("step") == "cpuset":
+                        lever["target"] = "suspects"  # on the pods' own cgroups (docstring)
         (directory / path.name).write_text(yaml.safe_dump(document, sort_keys=False))
         policies.append(path.name)
     patch = {
@@ -384,7 +391,8 @@ def test_interference_climbs_the_shipped_ladder_and_every_rung_is_undone(
         node: Node, capsys: pytest.CaptureFixture[str]):
     """(After the discovery test, whose LS redis it guards.) A BE antagonist (stress-ng --cpu)
     beside the LS redis: the shipped rules fire and the shipped policy climbs, for real:
-    SCHED_IDLE on the kubelet's besteffort QoS cgroup, cpuset, cordon (a new BE pod stays
+    SCHED_IDLE on the kubelet's besteffort QoS cgroup, cpuset on the antagonist's pod alone
+    (suspect #1) and then on the rest of the tier pod by pod, cordon (a new BE pod stays
     Pending), the node's batch resources halved, and eviction through the Eviction API of the
     antagonist, ranked first as suspect #1 by attribution over the PDB-protected BE pod that
     priority alone would put first (its 429 is tested against the apiserver in
@@ -426,9 +434,13 @@ def test_interference_climbs_the_shipped_ladder_and_every_rung_is_undone(
     idle_before = (besteffort_cpu / "cpu.idle").read_text().strip()
     cpus_before = (besteffort_cpuset / "cpuset.cpus").read_text().strip()
     assert idle_before == "0"
+    protected_pod = besteffort_cpuset / f"pod{node.pods('batch')['be-protected'].metadata.uid}"
+    protected_before = _cpusets(protected_pod)
+    assert len(protected_before) >= 2, protected_before  # the pod's, and its containers'
     client_thread = RedisClient(redis_ip, node.agent.base, node.receive_token)
     client_thread.start()
-    time.sleep(5)  # the objective's window filled; BE idle: nothing may fire yet
+    time.sleep(10)  # the objective's window filled, and the 8 s of LS signal attribution's
+    # co_movement needs at the incident's ranking; BE idle: nothing may fire yet
     assert not [a for a in node.agent.actions() if a["action"] == "apply"], \
         "the ladder acted with BE idle"
 
@@ -449,9 +461,25 @@ def test_interference_climbs_the_shipped_ladder_and_every_rung_is_undone(
                 return action
         return None
 
+    antagonist_pod = besteffort_cpuset / \
+        f"pod{node.pods('batch')['be-antagonist'].metadata.uid}"
+    antagonist_before = _cpusets(antagonist_pod)
     node.wait("SCHED_IDLE applied", lambda: applied("cpu_idle"), timeout=60)
     assert (besteffort_cpu / "cpu.idle").read_text().strip() == "1"  # the kubelet's QoS cgroup
-    node.wait("cpuset applied", lambda: applied("cpuset"), timeout=60)
+    # cpuset at `target: suspects`: the first suspect's pod alone, its containers with it,
+    # never the QoS cgroup that holds the innocent pod too
+    first = node.wait("cpuset applied", lambda: applied("cpuset"), timeout=60)
+    assert "suspect #1 batch/be-antagonist" in first["detail"], first["detail"]
+    narrowed = _cpusets(antagonist_pod)
+    assert narrowed.keys() == antagonist_before.keys(), (narrowed, antagonist_before)
+    assert all(narrowed[d] != antagonist_before[d] for d in narrowed), narrowed
+    assert (besteffort_cpuset / "cpuset.cpus").read_text().strip() == cpus_before
+    assert _cpusets(protected_pod) == protected_before
+    # still over the objective after the hold: no suspect #2 (the protected pod sleeps), so
+    # the rest of the tier, pod by pod
+    node.wait("the rest of the tier under cpuset", lambda: _cpusets(protected_pod) != \
+              protected_before, timeout=60)
+    assert (besteffort_cpuset / "cpuset.cpus").read_text().strip() == cpus_before
     node.wait("cordon applied", lambda: applied("cordon"), timeout=60)
     assert node.node().spec.unschedulable is True
     core.create_namespaced_pod("batch", pod("be-late", "batch", qos_class="BE",
@@ -521,6 +549,8 @@ def test_interference_climbs_the_shipped_ladder_and_every_rung_is_undone(
     assert _cpu(status.status.allocatable[BATCH_CPU]) == _cpu(NODE_BATCH[BATCH_CPU])
     assert (besteffort_cpu / "cpu.idle").read_text().strip() == idle_before
     assert (besteffort_cpuset / "cpuset.cpus").read_text().strip() == cpus_before
+    node.wait("the protected pod's cpusets back", lambda: _cpusets(protected_pod) ==
+              protected_before, timeout=60)
     node.wait("be-late scheduled once the node is uncordoned", lambda: node.pods("batch")[
         "be-late"].status.phase == "Running", timeout=60)
     incidents = node.agent.get("/api/incidents", limit=1000)["incidents"]
@@ -531,7 +561,7 @@ def test_interference_climbs_the_shipped_ladder_and_every_rung_is_undone(
     applies = [a for a in node.agent.actions() if a["action"] == "apply"
                and a["status"] == "done" and not a["dry_run"]]
     counts = {kind: sum(a["kind"] == kind for a in applies) for kind in RUNGS}
-    assert counts == dict.fromkeys(RUNGS, 1), counts
+    assert counts == {**dict.fromkeys(RUNGS, 1), "cpuset": 2}, counts  # suspect #1, the rest
     for action in node.agent.actions():
         assert "redis" not in action["target"] and redis.metadata.uid not in action["target"]
     assert "shop/redis (LS)" in evict["detail"]  # considered, and protected as LS
@@ -563,6 +593,17 @@ def _cpu(quantity: str) -> float:
     from kubernetes.utils import parse_quantity
 
     return float(parse_quantity(quantity))
+
+
+def _cpusets(pod_dir: Path) -> dict[str, str]:
+    """cpuset.cpus of a pod's cgroup and of every cgroup under it (its containers'), by path
+    relative to the pod's."""
+    found = {}
+    for dirpath, _dirs, _files in os.walk(pod_dir):
+        with contextlib.suppress(OSError):
+            found[os.path.relpath(dirpath, pod_dir)] = \
+                (Path(dirpath) / "cpuset.cpus").read_text().strip()
+    return found
 
 
 def _agent_pids(pod_uid: str) -> list[int]:
