@@ -433,7 +433,7 @@ def lab(
                 typer.echo(f"  {report.spec.name:6s} {f'run {k} ' if repeat > 1 else ''}"
                            f"{way:9s} p99 {stats.p99_ms:7.3f} ms  "
                            f"in episodes {stats.episode_p99_ms:7.3f} ms  "
-                           f"BE {stats.be_ops_per_s:9.0f} bogo-ops/s")
+                           f"BE {stats.be_ops_per_s:9.0f} ops/s")  # bogo-ops, or a program's runs
 
 
 # The project's best general detector on NAB, with its own defaults (docs/plugins.md, "NAB").

@@ -10,9 +10,9 @@ The test overlay changes only what this machine needs, and nothing of the agent'
 - config.yaml: `actuators.dry_run: false`; the receive endpoint on (the LS latency is pushed,
   as a service's client would push it); one SLO for the service; `listen` on a free port (the
   pod is on the host's network, 8080 may be taken on a developer's machine).
-- policies: the shipped files with evict's `dry_run: true` removed, as an operator would,
-  and cpuset at `target: suspects` (docs/attribution.md): SCHED_IDLE then lands on the
-  kubelet's besteffort QoS cgroup and cpuset on the BE pods' own cgroups (the pod's, then its
+- policies: the shipped files with evict's `dry_run: true` removed, as an operator would.
+  Their SCHED_IDLE lands on the kubelet's besteffort QoS cgroup and their cpuset
+  (`target: suspects`, docs/attribution.md) on the BE pods' own cgroups (the pod's, then its
   containers' under it), the first suspect's pod alone first, so both kinds of target are
   proven on the kubelet's cgroups in one climb.
 - DaemonSet: `KUBERNETES_SERVICE_HOST=127.0.0.1` and the apiserver's port (the test node has
@@ -79,9 +79,6 @@ def write_overlay(directory: Path, *, port: int, api_port: int, data_dir: Path) 
             for step in policy.get("steps", []):
                 if step.get("step") == "evict":
                     step.pop("dry_run", None)
-                for lever in step.get("levers", []):
-                    if lever.get("step") == "cpuset":
-                        lever["target"] = "suspects"  # on the pods' own cgroups (docstring)
         (directory / path.name).write_text(yaml.safe_dump(document, sort_keys=False))
         policies.append(path.name)
     patch = {
@@ -464,6 +461,7 @@ def test_interference_climbs_the_shipped_ladder_and_every_rung_is_undone(
     antagonist_pod = besteffort_cpuset / \
         f"pod{node.pods('batch')['be-antagonist'].metadata.uid}"
     antagonist_before = _cpusets(antagonist_pod)
+    assert len(antagonist_before) >= 2, antagonist_before  # the pod's, and its containers'
     node.wait("SCHED_IDLE applied", lambda: applied("cpu_idle"), timeout=60)
     assert (besteffort_cpu / "cpu.idle").read_text().strip() == "1"  # the kubelet's QoS cgroup
     # cpuset at `target: suspects`: the first suspect's pod alone, its containers with it,

@@ -303,7 +303,7 @@ def test_repeats_go_round_the_scenarios_into_their_own_folders(tmp_path: Path,
         result.save(workdir)
         return result
 
-    monkeypatch.setattr(session, "preflight", lambda: None)
+    monkeypatch.setattr(session, "preflight", lambda specs: None)
     monkeypatch.setattr(session, "run_way", fake_way)
     specs = [load_scenario(find_scenario(n)) for n in ("cache", "io")]
     seen = []
@@ -646,27 +646,29 @@ def test_the_suspects_way_policy_targets_the_suspects_with_every_per_workload_le
 
     folder = lab_policies(tmp_path / "p", kube=False, targets=WAY_TARGETS["guarded-suspects"])
     [policy] = yaml.safe_load((folder / "ls-interference.yaml").read_text())["policies"]
-    levers = [lever for step in policy["steps"] for lever in step.get("levers", [])]
-    assert levers and all(lever.get("target") == "suspects" for lever in levers
-                          if lever["step"] in SUSPECT_LEVERS)
+    levers = [lever for step in policy["steps"] for lever in [step, *step.get("levers", [])]
+              if lever["step"] in SUSPECT_LEVERS]
+    assert {lever["step"] for lever in levers} == {"cpu_idle", "cpuset", "resctrl"}
+    assert all(lever.get("target") == "suspects" for lever in levers)
     factory = StepFactory(ActuatorEnv("node-a", Ledger(tmp_path / "a.db")))
     policies = PolicySet([str(folder)], validate_step=factory.check)
     assert policies.reload().ok, policies.errors
     rungs = policies.get("ls-interference").rungs()
     widened = [r for r in rungs if r.widening]
-    assert [r.widening for r in widened] == ["suspect", "suspect", "rest"] * 2
+    assert [r.widening for r in widened] == ["suspect", "suspect", "rest"] * 3  # and resctrl
+
+    def targets_of(policy: dict) -> dict[str, str | None]:
+        return {lever["step"]: lever.get("target") for step in policy["steps"]
+                for lever in [step, *step.get("levers", [])] if lever["step"] in SUSPECT_LEVERS}
 
     def lever_targets(folder: Path) -> dict[str, str | None]:
         [policy] = yaml.safe_load((folder / "ls-interference.yaml").read_text())["policies"]
-        return {lever["step"]: lever.get("target") for step in policy["steps"]
-                for lever in step.get("levers", [])}
+        return targets_of(policy)
 
     # guarded: the shipped targets, untouched
     shipped = yaml.safe_load((Path(default_policy_paths()[0]) / "ls-interference.yaml")
                              .read_text())["policies"][0]
-    assert lever_targets(lab_policies(tmp_path / "q", kube=False)) == {
-        lever["step"]: lever.get("target") for step in shipped["steps"]
-        for lever in step.get("levers", [])}
+    assert lever_targets(lab_policies(tmp_path / "q", kube=False)) == targets_of(shipped)
     # guarded-tier: every lever on the whole tier, whatever the shipped files say
     tier = lever_targets(lab_policies(tmp_path / "t", kube=False,
                                       targets=WAY_TARGETS["guarded-tier"]))
@@ -674,7 +676,7 @@ def test_the_suspects_way_policy_targets_the_suspects_with_every_per_workload_le
     # guarded-mixed: SCHED_IDLE stays on the tier, the levers that take CPU go to suspects
     mixed = lever_targets(lab_policies(tmp_path / "m", kube=False,
                                        targets=WAY_TARGETS["guarded-mixed"]))
-    assert mixed["cpu_idle"] == "tier" and mixed["cpuset"] == "suspects"
+    assert mixed == {"cpu_idle": "tier", "cpuset": "suspects", "resctrl": "suspects"}, mixed
 
 
 def test_a_baseline_whose_tail_the_machine_set_is_told_apart() -> None:

@@ -63,7 +63,7 @@ def test_a_scenario_names_its_own_programs_as_antagonists_and_innocents(tmp_path
     (SCENARIO.replace("{antagonist: compress, duration: 10s}",
                       "{antagonist: compres, duration: 10s}"),
      12, r"'compres' is neither a stress-ng kind .* nor a program of be.programs "
-         r"\(compress, checksum\)"),
+         r"\(checksum, compress\)"),
     (SCENARIO.replace("program: checksum", "program: sha"), 7,
      r"innocent 'sums': no program 'sha' in be.programs \(checksum, compress\)"),
     (SCENARIO.replace("{name: sleepy, kind: sleepy}",
@@ -72,6 +72,11 @@ def test_a_scenario_names_its_own_programs_as_antagonists_and_innocents(tmp_path
     (SCENARIO.replace("    checksum:", "    cache:"), 3,
      r"program name 'cache' is a stress-ng kind's"),
     (SCENARIO.replace("argv: [sha256sum, /usr/bin/python3]", "argv: []"), 5, r"argv"),
+    (SCENARIO.replace("xz, -9, -c", "xz, 1.50, -c"), 4, r"YAML read a number here"),
+    (SCENARIO.replace("checksum", "innocent-sums"), 3,
+     r"'innocent-' begins the innocents' cgroups"),
+    (SCENARIO.replace("{name: sums,", "{name: checksum,"), 2,
+     r"innocent 'checksum' has a program's name"),
 ])
 def test_a_wrong_program_is_reported_at_its_line(tmp_path: Path, text: str, line: int,
                                                  problem: str):
@@ -98,6 +103,12 @@ def cgroup():
     assert not any(path.exists() for path in made.paths())
 
 
+def _wait_for_a_run(cgroup: LabCgroup) -> None:
+    deadline = time.monotonic() + 5
+    while not cgroup.pids() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 @pytest.mark.root
 def test_a_program_runs_again_until_its_time_and_only_whole_runs_count(cgroup, tmp_path):
     argv = ["sh", "-c", "cat /proc/self/cgroup >&2; echo discarded; sleep 0.3"]
@@ -114,16 +125,43 @@ def test_a_program_runs_again_until_its_time_and_only_whole_runs_count(cgroup, t
 
 
 @pytest.mark.root
-def test_a_run_killed_by_a_signal_is_lost_and_the_job_goes_on(cgroup, tmp_path):
-    job = ProgramJob("victim", ["sleep", "0.5"], 2.5, cgroup, tmp_path)
-    deadline = time.monotonic() + 5
-    while not cgroup.pids() and time.monotonic() < deadline:
-        time.sleep(0.02)
+@pytest.mark.parametrize("whom", ["the program", "a shell's last command"])
+def test_a_run_killed_by_sigkill_is_lost_and_the_job_goes_on(cgroup, tmp_path, whom):
+    # a shell reports its last command's SIGKILL as exit code 137
+    argv = ["sleep", "0.5"] if whom == "the program" else ["sh", "-c", "sleep 0.5; exit $?"]
+    job = ProgramJob("victim", argv, 2.5, cgroup, tmp_path)
+    _wait_for_a_run(cgroup)
+    time.sleep(0.05)  # the shell has started its sleep
     for pid in cgroup.pids():
-        os.kill(pid, 9)  # as an OOM kill under a memory lever would
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
+            os.kill(pid, 9)  # as an OOM kill under a memory lever would
     run = job.finish()
     assert job.killed == 1
     assert 2 <= run.bogo_ops <= 4, run  # it went on running after the kill
+
+
+@pytest.mark.root
+@pytest.mark.parametrize(("argv", "problem"), [
+    (["sh", "-c", "kill -SEGV $$"], r"program 'crash' died of signal 11"),
+    (None, r"program 'crash' could not start: .*Exec format error"),
+])
+def test_a_crash_or_a_program_that_cannot_start_stops_the_job_at_once(cgroup, tmp_path, argv,
+                                                                        problem):
+    if argv is None:  # a script without its #! line
+        script = tmp_path / "no-shebang"
+        script.write_text("echo hello\n")
+        script.chmod(0o755)
+        argv = [str(script)]
+    job = ProgramJob("crash", argv, 30.0, cgroup, tmp_path)
+    started = time.monotonic()
+    # the way polls check() every half second: it hears of it long before the job's end
+    with pytest.raises(LabSetupError, match=problem):
+        while time.monotonic() - started < 5:
+            job.check()
+            time.sleep(0.05)
+    assert time.monotonic() - started < 2
+    job.kill()
+    assert not cgroup.pids()
 
 
 @pytest.mark.root
@@ -141,10 +179,12 @@ def test_a_program_that_fails_stops_its_job_and_says_why(cgroup, tmp_path):
 
 @pytest.mark.root
 def test_killing_a_job_mid_run_leaves_nothing_in_its_cgroup(cgroup, tmp_path):
-    job = ProgramJob("long", ["sleep", "30"], 30.0, cgroup, tmp_path)
+    # what the shell started in the background outlives killing the shell: the cgroup's
+    # sweep must find it
+    job = ProgramJob("long", ["sh", "-c", "sleep 30 & sleep 30; wait"], 30.0, cgroup, tmp_path)
     deadline = time.monotonic() + 5
-    while not cgroup.pids() and time.monotonic() < deadline:
+    while len(cgroup.pids()) < 3 and time.monotonic() < deadline:  # the shell, both sleeps
         time.sleep(0.02)
-    assert cgroup.pids()
+    assert len(cgroup.pids()) == 3
     job.kill()
     assert not cgroup.pids()

@@ -1073,11 +1073,17 @@ def test_every_shipped_rule_names_a_shipped_policy_and_each_cause_gets_its_own_l
     assert named["LSLatencyIOInterference"] == "ls-io"
 
     def levers(name: str, learnt: list[str]) -> list[str]:
+        """Each lever once, in the order of its first rung (a `target: suspects` lever is
+        several rungs: the suspects, then the rest)."""
         kinds = {"cpu_idle", "cpuset", "cpu_quota", "memory_limit", "resctrl"}
-        return [r.spec.step for r in policies[name].rungs(learnt) if r.spec.step in kinds]
+        return list(dict.fromkeys(r.spec.step for r in policies[name].rungs(learnt)
+                                  if r.spec.step in kinds))
 
     # resctrl stays a rung of its own after cordon and capacity
     assert levers("ls-interference", []) == ["cpu_idle", "cpuset", "resctrl"]
+    # cpuset on the suspects first, SCHED_IDLE on the tier (docs/attribution.md, "Measured")
+    widening = {r.spec.step: r.widening for r in policies["ls-interference"].rungs([])}
+    assert widening["cpuset"] == "rest" and widening["cpu_idle"] == ""
     assert levers("ls-interference", ["cpuset"]) == ["cpu_idle", "cpuset", "resctrl"]
     assert levers("ls-memory", ["cpuset"]) == ["memory_limit"]
     # an I/O-bound BE: SCHED_IDLE, never cpuset (the lab: it made the io tail worse)

@@ -36,11 +36,11 @@ from sloguard.actuators.config import default_policy_paths
 
 KUBE_STEPS = ("cordon", "reduce_capacity", "evict")
 # the per-workload levers: the ones a policy step may point at `target: suspects`
-SUSPECT_LEVERS = ("cpu_idle", "cpuset", "cpu_quota", "memory_limit")
+SUSPECT_LEVERS = ("cpu_idle", "cpuset", "cpu_quota", "memory_limit", "resctrl")
 # the mixed policy: SCHED_IDLE tier-wide (it cost BE nothing measurable in the lab, and the
-# first ranking at firing has no evidence yet), the levers that take CPU or memory away on the
-# suspects first
-MIXED_LEVERS = ("cpuset", "cpu_quota", "memory_limit")
+# first ranking at firing has no evidence yet), the levers that take CPU, cache or memory away
+# on the suspects first
+MIXED_LEVERS = ("cpuset", "cpu_quota", "memory_limit", "resctrl")
 # each guarded way's lever targets over the shipped policies' own: `guarded` runs them as
 # shipped, the others set these kinds to these targets, so one run compares them all
 WAY_TARGETS: dict[str, dict[str, str]] = {

@@ -4,11 +4,13 @@ not design, not only on stress-ng's stressors.
 The program runs again each time it ends, in its BE cgroup, until its job's time is up; a run
 still going then is stopped and not counted. Its throughput is its completed runs, which is
 what a batch user counts, in the place stress-ng's bogo-ops take for a stressor (the report
-compares each job with itself in the unguarded way, so the unit drops out). A run killed by a
-signal (an OOM kill under a memory lever) is a lost run, and the job goes on as its controller
-would restart it; a run that exits with an error is the program's or the scenario's fault, so
-the job stops and `finish` says why, with the end of what the program wrote to stderr (its
-stdout, a compressor's output say, is discarded; stderr is kept in `program-<name>.log`).
+compares each job with itself in the unguarded way, so the unit drops out). A run killed by
+SIGKILL (an OOM kill under a memory lever; a shell reports its child's as exit code 137) is a
+lost run, and the job goes on as its controller would restart it; a run that exits with an
+error or dies of another signal (a crash) is the program's or the scenario's fault, so the job
+stops, the way checks `error` every half second and stops too, and the error says why, with
+the end of what the program wrote to stderr (its stdout, a compressor's output say, is
+discarded; stderr is kept in `program-<name>.log`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from sloguard.lab.antagonists import EpisodeRun, LabSetupError
 from sloguard.lab.cgroups import LabCgroup
 
 LOG_TAIL = 2000  # bytes of the program's output quoted when it fails
+# a run ended by SIGKILL, itself or (through a shell) its last command: lost, not a failure
+KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)
 
 
 class ProgramJob:
@@ -55,6 +59,12 @@ class ProgramJob:
         self._thread.start()
 
     def _loop(self) -> None:
+        try:
+            self._run_until_done()
+        except Exception as exc:  # a program that cannot start: the way must hear of it
+            self.error = f"program {self.antagonist!r} could not start: {exc}"
+
+    def _run_until_done(self) -> None:
         while not self._stop.is_set():
             left = self._deadline - time.monotonic()
             if left <= 0:
@@ -72,11 +82,21 @@ class ProgramJob:
                 return
             if code == 0:
                 self.runs += 1
-            elif code < 0:
+            elif code in KILLED:
                 self.killed += 1
             else:
-                self.error = f"program {self.antagonist!r} exited with {code}"
+                self.error = (f"program {self.antagonist!r} "
+                              + (f"died of signal {-code}" if code < 0 else
+                                 f"exited with {code}"))
                 return
+
+    def check(self) -> None:
+        """Raise the job's error as soon as there is one (the way polls it), not only at
+        `finish`: a program that cannot run stops the way instead of spending it."""
+        if self.error is not None:
+            tail = self._log_path.read_bytes()[-LOG_TAIL:].decode(errors="replace")
+            raise LabSetupError(f"{self.error} (argv: {' '.join(self.argv)}); the end of its "
+                                f"stderr ({self._log_path}):\n{tail}")
 
     def _end_run(self) -> None:
         """Stop the run in hand and whatever it started (a shell's children outlive it),
@@ -100,10 +120,7 @@ class ProgramJob:
         self._thread.join(timeout=10)
         ended = time.time_ns()
         self._log.close()
-        if self.error is not None:
-            tail = self._log_path.read_bytes()[-LOG_TAIL:].decode(errors="replace")
-            raise LabSetupError(f"{self.error} (argv: {' '.join(self.argv)}); the end of its "
-                                f"stderr ({self._log_path}):\n{tail}")
+        self.check()
         return EpisodeRun(self.antagonist, self.started_ns, ended, float(self.runs), 0)
 
     def kill(self) -> None:

@@ -327,7 +327,7 @@ def _scenario(g: ScenarioRuns, out: Path) -> list[str]:
         lines.append("")
     lines += [f"![LS p99 over time, scenario {r.spec.name}]({png.name})", "",
               "| way | requests | unanswered | p50 ms | p99 ms | p999 ms | in-episode p99 ms | "
-              "in-episode p99 vs baseline | client send lag p99 ms | BE bogo-ops/s | "
+              "in-episode p99 vs baseline | client send lag p99 ms | BE ops/s (bogo-ops or runs) | "
               "BE vs unguarded |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for way, s in r.stats.items():
         lines.append(

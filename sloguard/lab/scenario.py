@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -90,26 +90,34 @@ class LsSpec(_Strict):
         return value
 
 
-NAME = r"^[a-z0-9][a-z0-9-]{0,30}$"  # a BE job's name: part of its cgroup's
+NAME = r"[a-z0-9][a-z0-9-]{0,30}"  # a BE job's name: part of its cgroup's (re.fullmatch)
 
 
 class ProgramSpec(_Strict):
-    argv: list[str] = Field(min_length=1, description="the program and its arguments, run "
-                            "without a shell; started again each time it ends, for as long "
-                            "as its job runs")
+    argv: list[Annotated[str, Field(min_length=1, pattern=r"^[^\x00]*$")]] = Field(
+        min_length=1, description="the program and its arguments, run without a shell; "
+                                  "started again each time it ends, for as long as its job "
+                                  "runs")
 
     @field_validator("argv", mode="before")
     @classmethod
     def _words(cls, value: object) -> object:
-        """`[xz, -9]` means the word "-9", not a number YAML made of it."""
-        if isinstance(value, list):
-            return [str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
-                    for v in value]
-        return value
+        """`[xz, -9]` means the word "-9", not a number YAML made of it. Only a whole number
+        is taken back as a word: YAML turns `1.50` into 1.5 and `0644` into 420, words that
+        were never written, so those must be quoted."""
+        if not isinstance(value, list):
+            return value
+        words = []
+        for v in value:
+            if isinstance(v, float):
+                raise ValueError(f"{v!r}: YAML read a number here; quote the word as you "
+                                 "mean it (\"1.50\")")
+            words.append(str(v) if isinstance(v, int) and not isinstance(v, bool) else v)
+        return words
 
 
 class InnocentSpec(_Strict):
-    name: str = Field(pattern=NAME, description="its cgroup's name")
+    name: str = Field(pattern=rf"^{NAME}$", description="its cgroup's name")
     kind: Literal["sleepy", "light-cpu", "half-cpu"] | None = Field(
         None, description="a stress-ng innocent")
     program: str | None = Field(None, description="or one of `be.programs`, by name")
@@ -145,12 +153,15 @@ class BeSpec(_Strict):
     @classmethod
     def _program_names(cls, value: dict[str, ProgramSpec]) -> dict[str, ProgramSpec]:
         for name in value:
-            if not re.match(NAME, name):
+            if not re.fullmatch(NAME, name):
                 raise ValueError(f"program name {name!r}: lower-case letters, digits and "
                                  "'-', at most 31 (it names a cgroup)")
             if name in ANTAGONISTS:
                 raise ValueError(f"program name {name!r} is a stress-ng kind's: name it "
                                  "otherwise")
+            if name.startswith("innocent-"):  # its cgroup would be an innocent's
+                raise ValueError(f"program name {name!r}: 'innocent-' begins the innocents' "
+                                 "cgroups; name it otherwise")
         return value
 
     @field_validator("innocents")
@@ -164,6 +175,9 @@ class BeSpec(_Strict):
     @model_validator(mode="after")
     def _known_programs(self) -> BeSpec:
         for innocent in self.innocents:
+            if innocent.name in self.programs:  # two BE workloads of one name in a report
+                raise ValueError(f"innocent {innocent.name!r} has a program's name: name "
+                                 "it otherwise")
             if innocent.program is not None and innocent.program not in self.programs:
                 raise ValueError(f"innocent {innocent.name!r}: no program "
                                  f"{innocent.program!r} in be.programs "
@@ -186,7 +200,7 @@ class EpisodeSpec(_Strict):
         # neither is reported at its own line; ScenarioSpec checks a spec built in code
         programs = (info.context or {}).get("programs")
         for name in [value] if isinstance(value, str) else value:
-            if not re.match(NAME, name) or (programs is not None and name not in ANTAGONISTS
+            if not re.fullmatch(NAME, name) or (programs is not None and name not in ANTAGONISTS
                                             and name not in programs):
                 raise ValueError(unknown_antagonist(name, programs or ()))
         return value
@@ -198,7 +212,7 @@ class EpisodeSpec(_Strict):
 
 def unknown_antagonist(name: str, programs: Iterable[str]) -> str:
     return (f"{name!r} is neither a stress-ng kind ({', '.join(ANTAGONISTS)}) nor a program "
-            f"of be.programs ({', '.join(programs) or 'none'})")
+            f"of be.programs ({', '.join(sorted(programs)) or 'none'})")
 
 
 class ScheduleSpec(_Strict):

@@ -23,8 +23,9 @@ from sloguard.lab.way import WayResult, refuse_a_second_lab, run_way
 Progress = Callable[[str, int, float, str], None]  # scenario, run, fraction of its way, way
 
 
-def preflight() -> None:
-    """What the lab needs, checked before anything starts (each missing part named)."""
+def preflight(specs: list[ScenarioSpec] = ()) -> None:
+    """What the lab needs, checked before anything starts (each missing part named), the
+    scenarios' own programs among it: a missing one would otherwise be found mid-session."""
     problems = []
     if os.geteuid() != 0:
         problems.append("root is needed: the lab creates cgroups and runs the load generator "
@@ -36,6 +37,11 @@ def preflight() -> None:
     if shutil.which("redis-server") is None:
         problems.append("redis-server is not installed: apt-get install redis-server "
                         "(or run scripts/lab-testenv.sh)")
+    for spec in specs:
+        for name, program in spec.be.programs.items():
+            if shutil.which(program.argv[0]) is None:
+                problems.append(f"scenario {spec.name!r}, program {name!r}: "
+                                f"{program.argv[0]!r} is not installed or not on PATH")
     if problems:
         raise LabSetupError("; ".join(problems))
     refuse_a_second_lab()
@@ -77,7 +83,7 @@ def run_session(specs: list[ScenarioSpec], out: Path, progress: Progress,
     """Every scenario's three ways, `repeats` times. Runs go round the scenarios (1st run of
     each, then the 2nd...) so a slow drift of the machine spreads over all of them. With
     `pods`, the scenarios named `<name>-kube` (`with_pods`) run as pods on its node."""
-    preflight()
+    preflight(specs)
     if pods is not None:
         pods.check()
     names = [spec.name for spec in specs]

@@ -278,6 +278,13 @@ class LabStage:
             return ProgramJob(kind, be.programs[kind].argv, duration, where, self.workdir)
         return Antagonist(kind, duration, be, where, self.workdir, args)
 
+    def check(self) -> None:
+        """Raise a running program's error now (ProgramJob.check): the way stops, and the
+        teardown takes everything down."""
+        for job in self.running:
+            if isinstance(job, ProgramJob):
+                job.check()
+
     def start_client(self, duration: float, start_ns: int) -> Relay:
         """The load generator from `start_ns` for `duration` s; the relay pushes its latencies
         to the agent when there is one."""
@@ -361,31 +368,34 @@ def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
                 agent.wait_ebpf()
             start_ns = time.time_ns() + int(lead_s * 1e9)
             relay = stage.start_client(total, start_ns)
-            innocents = [] if way == "baseline" else [
-                (i, stage.antagonist(i.job, total + lead_s, spec.be,
-                                     innocent_cgroup(i.name, BE_CGROUP),
-                                     INNOCENTS[i.kind] if i.kind else None))
-                for i in spec.be.innocents]
-            stage.running += [job for _, job in innocents]
+            innocents = []
+            for innocent in [] if way == "baseline" else spec.be.innocents:
+                job = stage.antagonist(innocent.job, total + lead_s, spec.be,
+                                       innocent_cgroup(innocent.name, BE_CGROUP),
+                                       INNOCENTS[innocent.kind] if innocent.kind else None)
+                stage.running.append(job)  # at once: the next one may fail to start
+                innocents.append((innocent, job))
             runs: list[EpisodeRun] = []
             for episode in episodes:
                 begin_ns = start_ns + int(episode.start_s * 1e9)
                 end_ns = start_ns + int(episode.end_s * 1e9)
-                _sleep_until(begin_ns, start_ns, total, way, progress)
+                _sleep_until(begin_ns, start_ns, total, way, progress, stage.check)
                 if way == "baseline":  # the same periods, nothing run: the ground truth's shadow
-                    _sleep_until(end_ns, start_ns, total, way, progress)
+                    _sleep_until(end_ns, start_ns, total, way, progress, stage.check)
                     runs.append(EpisodeRun(episode.antagonist, begin_ns, end_ns, 0.0, 0))
                     continue
-                together = [stage.antagonist(kind, episode.end_s - episode.start_s, spec.be,
-                                             cgroup)
-                            for kind, cgroup in antagonist_cgroups(episode.kinds,
-                                                                   BE_CGROUP).items()]
-                stage.running += together
-                _sleep_until(end_ns, start_ns, total, way, progress)
+                together = []
+                for kind, cgroup in antagonist_cgroups(episode.kinds, BE_CGROUP).items():
+                    job = stage.antagonist(kind, episode.end_s - episode.start_s, spec.be,
+                                           cgroup)
+                    stage.running.append(job)
+                    together.append(job)
+                _sleep_until(end_ns, start_ns, total, way, progress, stage.check)
                 runs.append(_together([job.finish() for job in together]))
                 for job in together:
                     stage.running.remove(job)
-            _sleep_until(start_ns + int(total * 1e9), start_ns, total, way, progress)
+            _sleep_until(start_ns + int(total * 1e9), start_ns, total, way, progress,
+                         stage.check)
             client = stage.finish_client()
             innocent_runs = []
             for spec_of, job in innocents:
@@ -431,8 +441,9 @@ def _together(parts: list[EpisodeRun]) -> EpisodeRun:
 
 
 def _sleep_until(deadline_ns: int, start_ns: int, total: float, way: str,
-                 progress: Progress) -> None:
+                 progress: Progress, check: Callable[[], None]) -> None:
     while (left := deadline_ns - time.time_ns()) > 0:
+        check()
         time.sleep(min(0.5, left / 1e9))
         done = max(0.0, (time.time_ns() - start_ns) / 1e9)
         progress(min(1.0, done / total), way)
