@@ -57,7 +57,7 @@ def test_shipped_scenarios_load_and_cover_the_issue_antagonists() -> None:
     for name in names:
         spec = load_scenario(find_scenario(name))
         episodes, total = timeline(spec)
-        assert spec.ways == (["baseline", "unguarded", "guarded", "guarded-suspects"]
+        assert spec.ways == (["baseline", "unguarded", "guarded", "guarded-tier"]
                              if spec.culprits else ["baseline", "unguarded", "guarded"])
         assert episodes[0].start_s == spec.schedule.quiet
         assert total == pytest.approx(episodes[-1].end_s + spec.schedule.quiet)
