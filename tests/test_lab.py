@@ -642,14 +642,23 @@ def test_the_suspects_way_policy_targets_the_suspects_with_every_per_workload_le
     from sloguard.actuators.kinds import StepFactory
     from sloguard.actuators.ledger import Ledger
     from sloguard.actuators.policy import PolicySet
-    from sloguard.lab.agent import SUSPECT_LEVERS, WAY_TARGETS, lab_policies
+    from sloguard.lab.agent import lab_policies, per_workload_levers, way_targets
 
-    folder = lab_policies(tmp_path / "p", kube=False, targets=WAY_TARGETS["guarded-suspects"])
-    [policy] = yaml.safe_load((folder / "ls-interference.yaml").read_text())["policies"]
-    levers = [lever for step in policy["steps"] for lever in [step, *step.get("levers", [])]
-              if lever["step"] in SUSPECT_LEVERS]
-    assert {lever["step"] for lever in levers} == {"cpu_idle", "cpuset", "resctrl"}
-    assert all(lever.get("target") == "suspects" for lever in levers)
+    levers_of_workloads = per_workload_levers()  # read from the step registry
+    assert set(levers_of_workloads) == {"cpu_idle", "cpuset", "cpu_quota", "memory_limit",
+                                        "resctrl"}
+
+    def targets_of(policy: dict) -> dict[str, str | None]:
+        return {lever["step"]: lever.get("target") for step in policy["steps"]
+                for lever in [step, *step.get("levers", [])]
+                if lever["step"] in levers_of_workloads}
+
+    def lever_targets(folder: Path) -> dict[str, str | None]:
+        [policy] = yaml.safe_load((folder / "ls-interference.yaml").read_text())["policies"]
+        return targets_of(policy)
+
+    folder = lab_policies(tmp_path / "p", kube=False, targets=way_targets("guarded-suspects"))
+    assert lever_targets(folder) == dict.fromkeys(["cpu_idle", "cpuset", "resctrl"], "suspects")
     factory = StepFactory(ActuatorEnv("node-a", Ledger(tmp_path / "a.db")))
     policies = PolicySet([str(folder)], validate_step=factory.check)
     assert policies.reload().ok, policies.errors
@@ -657,25 +666,17 @@ def test_the_suspects_way_policy_targets_the_suspects_with_every_per_workload_le
     widened = [r for r in rungs if r.widening]
     assert [r.widening for r in widened] == ["suspect", "suspect", "rest"] * 3  # and resctrl
 
-    def targets_of(policy: dict) -> dict[str, str | None]:
-        return {lever["step"]: lever.get("target") for step in policy["steps"]
-                for lever in [step, *step.get("levers", [])] if lever["step"] in SUSPECT_LEVERS}
-
-    def lever_targets(folder: Path) -> dict[str, str | None]:
-        [policy] = yaml.safe_load((folder / "ls-interference.yaml").read_text())["policies"]
-        return targets_of(policy)
-
     # guarded: the shipped targets, untouched
     shipped = yaml.safe_load((Path(default_policy_paths()[0]) / "ls-interference.yaml")
                              .read_text())["policies"][0]
     assert lever_targets(lab_policies(tmp_path / "q", kube=False)) == targets_of(shipped)
     # guarded-tier: every lever on the whole tier, whatever the shipped files say
     tier = lever_targets(lab_policies(tmp_path / "t", kube=False,
-                                      targets=WAY_TARGETS["guarded-tier"]))
+                                      targets=way_targets("guarded-tier")))
     assert tier and set(tier.values()) == {"tier"}, tier
     # guarded-mixed: SCHED_IDLE stays on the tier, the levers that take CPU go to suspects
     mixed = lever_targets(lab_policies(tmp_path / "m", kube=False,
-                                       targets=WAY_TARGETS["guarded-mixed"]))
+                                       targets=way_targets("guarded-mixed")))
     assert mixed == {"cpu_idle": "tier", "cpuset": "suspects", "resctrl": "suspects"}, mixed
 
 

@@ -103,9 +103,9 @@ def cgroup():
     assert not any(path.exists() for path in made.paths())
 
 
-def _wait_for_a_run(cgroup: LabCgroup) -> None:
+def _wait_for_a_run(cgroup: LabCgroup, processes: int = 1) -> None:
     deadline = time.monotonic() + 5
-    while not cgroup.pids() and time.monotonic() < deadline:
+    while len(cgroup.pids()) < processes and time.monotonic() < deadline:
         time.sleep(0.02)
 
 
@@ -182,9 +182,7 @@ def test_killing_a_job_mid_run_leaves_nothing_in_its_cgroup(cgroup, tmp_path):
     # what the shell started in the background outlives killing the shell: the cgroup's
     # sweep must find it
     job = ProgramJob("long", ["sh", "-c", "sleep 30 & sleep 30; wait"], 30.0, cgroup, tmp_path)
-    deadline = time.monotonic() + 5
-    while len(cgroup.pids()) < 3 and time.monotonic() < deadline:  # the shell, both sleeps
-        time.sleep(0.02)
+    _wait_for_a_run(cgroup, processes=3)  # the shell, both sleeps
     assert len(cgroup.pids()) == 3
     job.kill()
     assert not cgroup.pids()

@@ -15,6 +15,7 @@ would have done.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -33,22 +34,9 @@ from typing import Any
 import yaml
 
 from sloguard.actuators.config import default_policy_paths
+from sloguard.actuators.kinds import StepRegistry
 
 KUBE_STEPS = ("cordon", "reduce_capacity", "evict")
-# the per-workload levers: the ones a policy step may point at `target: suspects`
-SUSPECT_LEVERS = ("cpu_idle", "cpuset", "cpu_quota", "memory_limit", "resctrl")
-# the mixed policy: SCHED_IDLE tier-wide (it cost BE nothing measurable in the lab, and the
-# first ranking at firing has no evidence yet), the levers that take CPU, cache or memory away
-# on the suspects first
-MIXED_LEVERS = ("cpuset", "cpu_quota", "memory_limit", "resctrl")
-# each guarded way's lever targets over the shipped policies' own: `guarded` runs them as
-# shipped, the others set these kinds to these targets, so one run compares them all
-WAY_TARGETS: dict[str, dict[str, str]] = {
-    "guarded": {},
-    "guarded-tier": dict.fromkeys(SUSPECT_LEVERS, "tier"),
-    "guarded-suspects": dict.fromkeys(SUSPECT_LEVERS, "suspects"),
-    "guarded-mixed": {"cpu_idle": "tier", **dict.fromkeys(MIXED_LEVERS, "suspects")},
-}
 SERVICE = "redis-lab"
 LS_CGROUP = "sloguard-lab/ls"
 BE_CGROUP = "sloguard-lab/be"
@@ -58,6 +46,32 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@functools.cache
+def per_workload_levers() -> tuple[str, ...]:
+    """The step kinds that act on BE workloads one by one (`per_workload`,
+    actuators/step.py): the ones a policy may point at `target: suspects`. Read from the step
+    registry, so a new lever joins the lab's ways without a list here to keep up."""
+    registry = StepRegistry(use_entry_points=False)
+    return tuple(kind for kind in registry.names()
+                 if getattr(registry.get(kind), "per_workload", False))
+
+
+def way_targets(way: str) -> dict[str, str]:
+    """The lever targets a guarded way sets over the shipped policies' own: none for
+    `guarded`; every per-workload lever on the tier (`guarded-tier`) or at the suspects
+    (`guarded-suspects`); or the mixed policy (`guarded-mixed`): SCHED_IDLE tier-wide (it cost
+    BE nothing measurable in the lab, and the first ranking at firing has no evidence yet),
+    the levers that take CPU, cache or memory away on the suspects first."""
+    levers = per_workload_levers()
+    if way == "guarded-tier":
+        return dict.fromkeys(levers, "tier")
+    if way == "guarded-suspects":
+        return dict.fromkeys(levers, "suspects")
+    if way == "guarded-mixed":
+        return {lever: "tier" if lever == "cpu_idle" else "suspects" for lever in levers}
+    return {}
 
 
 def lab_policies(target: Path, kube: bool, targets: dict[str, str] | None = None) -> Path:
@@ -89,7 +103,7 @@ def agent_config(workdir: Path, port: int, guarded: bool, slo: Any,
     """`be_cgroups`: the BE cgroups to declare (path, name); by default the one BE cgroup.
     `ebpf`: run the eBPF programs (attribution's run-queue blame needs them); off otherwise,
     as compiling them costs each way several CPU-seconds right before the schedule.
-    `targets`: the lever targets over the shipped policies' own (WAY_TARGETS)."""
+    `targets`: the lever targets over the shipped policies' own (way_targets)."""
     token = workdir / "receive.token"
     token.write_text(secrets.token_hex(16))
     # Pods are found as on any node (the kubelet's kubepods, classes from the API); the lab's

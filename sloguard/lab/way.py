@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from sloguard.core.cpulist import format_cpulist, parse_cpulist
-from sloguard.lab.agent import BE_CGROUP, LS_CGROUP, WAY_TARGETS, LabAgent, free_port
+from sloguard.lab.agent import BE_CGROUP, LS_CGROUP, LabAgent, free_port, way_targets
 from sloguard.lab.antagonists import Antagonist, EpisodeRun, LabSetupError
 from sloguard.lab.cgroups import LabCgroup, pids_in
 from sloguard.lab.kube import LabNode
@@ -362,7 +362,7 @@ def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
                                            pods=pods is not None,
                                            be_cgroups=be_cgroups(spec, BE_CGROUP),
                                            ebpf=spec.culprits,
-                                           targets=WAY_TARGETS.get(way))
+                                           targets=way_targets(way))
             agent.wait_ready()
             if spec.culprits:
                 agent.wait_ebpf()
