@@ -80,3 +80,12 @@ class StepFactory:
             raise ValueError(f"{spec.step} does not act on BE workloads one by one, so it has "
                              "no `target: suspects` (the cgroup levers have)")
         kind(dict(spec.params), self.env)
+
+    def cannot_stand(self, kind: str) -> str | None:
+        """Why a step kind cannot be a policy's standing lever: only the cgroup levers that
+        act on BE workloads one by one (and so reach each new one as it appears) can."""
+        if not getattr(self.type_of(kind), "per_workload", False):
+            return (f"{kind} cannot stand: only a cgroup lever that acts on each BE workload "
+                    "(cpu_idle, cpuset, cpu_quota, memory_limit, resctrl) is kept in force at "
+                    "all times")
+        return None

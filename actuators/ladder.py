@@ -39,6 +39,7 @@ from typing import Any
 
 from sloguard.actuators.ledger import AuditEntry, Descent, Intent, Ledger, RungState
 from sloguard.actuators.policy import Policy, PolicySet, Rung, StepSpec
+from sloguard.actuators.standing import StandingLevers, is_standing
 from sloguard.actuators.step import (
     DONE,
     FAILED,
@@ -47,6 +48,7 @@ from sloguard.actuators.step import (
     UNDONE,
     StepContext,
     StepResult,
+    backoff_ns,
 )
 from sloguard.core.incidents import FIRING, ActionRecord, Incident
 from sloguard.core.suspects import suspects_of
@@ -55,15 +57,10 @@ log = logging.getLogger(__name__)
 
 SAFE_WHEN_STALE = ("notify", "cordon")  # all that stale metrics may ever trigger
 RUNNING = "running"  # a step on the API worker: its rung waits for the outcome
-BACKOFF_S = (5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TARGETS_KEY = "_suspects"  # in a suspect rung's undo record: the cgroups it was narrowed to
 
 
-def backoff_ns(attempts: int) -> int:
-    return int(BACKOFF_S[min(attempts, len(BACKOFF_S)) - 1] * 1e9)
-
-
-class Ladder:
+class Ladder(StandingLevers):
     """The node's escalation state machine; the engine's IncidentActuator."""
 
     def __init__(
@@ -148,14 +145,17 @@ class Ladder:
             if incident.policy:
                 by_policy[incident.policy].append(incident)
         # an error ends with the incidents it was about (a new dict: the API reads this one)
-        self.errors = {n: e for n, e in self.errors.items() if n in by_policy}
+        self.errors = {n: e for n, e in self.errors.items() if n in by_policy
+                       or is_standing(n)}
         self._collect(now_ns)
         self._reconcile(firing, now_ns)
+        self._stand(now_ns)  # before the climb: a rung starts from what stands
         self._evidence = {i: seen for i, seen in self._evidence.items()
                           if any(f.id == i for f in firing)}
         in_force: dict[str, list[RungState]] = defaultdict(list)
         for row in self.ledger.rungs():
-            in_force[row.policy].append(row)
+            if not is_standing(row.policy):  # not an episode's: _stand keeps them
+                in_force[row.policy].append(row)
         # a policy that fired on the last tick is visited too: its end is a transition even
         # when it never had a rung in force; so is one whose file is gone, to be forgotten
         gone = {n for n in self._saved if self.policies.get(n) is None}
@@ -534,29 +534,35 @@ class Ladder:
         if self._worker is not None:
             self._worker.shutdown(wait=True, cancel_futures=True)
 
-    def _attempt(self, policy: str, rung: Rung, incident: Incident, dry_run: bool, now_ns: int,
-                 reason: str) -> tuple[StepResult, bool]:
+    def _attempt(self, policy: str, rung: Rung, incident: Incident | None, dry_run: bool,
+                 now_ns: int, reason: str) -> tuple[StepResult, bool]:
         """Run the step with write-ahead: each change it announces (`ctx.intend`) is in the
         ledger before it is made. A step that fails part-way, or whose intent could not be
         written, has what it changed undone here from that record: a ledger that cannot be
         written means the lever is not applied. True beside the result: the intent stays for
         `_reconcile` (a step that can tell later whether its change happened)."""
         spec = rung.spec
+        if not is_standing(policy):
+            holder = self._standing_holds(spec, dry_run)
+            if holder:
+                return self._standing_result(spec, holder), False
         announced: list[dict[str, Any]] = []
-        only, exclude, narrowed = self._narrowing(policy, rung, incident)
+        incident_id = incident.id if incident is not None else ""  # none: a standing lever
+        only, exclude, narrowed = self._narrowing(policy, rung, incident) \
+            if incident is not None else (None, (), "")
         # a suspect rung's intent names its suspects too: a change it dies in is adopted with
         # them, so its sibling rungs still know whom it holds
         held = {TARGETS_KEY: list(only)} if only else {}
 
         def intend(undo: dict[str, Any]) -> None:
-            self.ledger.intend(Intent(policy, rung.index, spec.step, incident.id, spec.record(),
+            self.ledger.intend(Intent(policy, rung.index, spec.step, incident_id, spec.record(),
                                       {**undo, **held}, now_ns))
             announced[:] = [undo]
 
-        ctx = self._context(incident.id, dry_run, now_ns, reason,
-                            incident.labels.get("resource", ""), intend)
+        ctx = self._context(incident_id, dry_run, now_ns, reason,
+                            incident.labels.get("resource", "") if incident else "", intend)
         ctx.only, ctx.exclude = only, exclude
-        ctx.suspects = suspects_of(incident)
+        ctx.suspects = suspects_of(incident) if incident is not None else []
         if ctx.only == ():
             return StepResult(SKIPPED, f"node/{self.node}", narrowed), False
         result = self._run(spec, lambda step: step.apply(ctx))
@@ -577,7 +583,7 @@ class Ladder:
                     return result, False  # its outcome is known: nothing was evicted
                 return result, True  # `_reconcile` finds out whether it happened
             undone = self._run(spec, lambda step: step.undo(
-                self._context(incident.id, False, now_ns, "the step did not complete"),
+                self._context(incident_id, False, now_ns, "the step did not complete"),
                 announced[0]))
             if undone.detail and "nothing was changed" not in undone.detail:
                 result.detail += f"; what it had changed: {undone.status}: {undone.detail}"

@@ -130,7 +130,27 @@ class PolicySpec(BaseModel):
                            "the next descent waits undo_hold x 2^(relapses-1) before its first "
                            "undo")
     max_undo_wait: Duration = Field(600.0, description="the longest such wait")
+    standing: list[StepSpec] = Field(
+        default_factory=list,
+        description="cgroup levers kept in force at all times while this policy is loaded, "
+                    "on every BE workload as it appears (koordlet's standing BE CPU QoS); "
+                    "the ladder starts from them and never lifts them")
     steps: list[StepSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _standing(self) -> PolicySpec:
+        kinds = [lever.step for lever in self.standing]
+        for lever in self.standing:
+            written = lever.model_fields_set - {"step", "params", "dry_run"}
+            if lever.step == SUPPRESS:
+                raise ValueError("standing: a suppress step cannot stand (name its levers)")
+            if written:
+                raise ValueError(f"standing: {lever.step}: a standing lever is always in force "
+                                 f"on the whole BE tier, so it has no "
+                                 f"{', '.join(sorted(written))}")
+            if kinds.count(lever.step) > 1:
+                raise ValueError(f"standing: {lever.step} is named twice")
+        return self
 
 
 class PolicyFileSpec(BaseModel):
@@ -221,8 +241,10 @@ class Policy:
                             siblings=tuple(i for i in indices if i != first + k)))
 
 
-def load_policy_file(path: Path, validate_step: Any = None) -> list[Policy]:
-    """Parse one file; `validate_step(spec)` raises ValueError for unknown kinds or params."""
+def load_policy_file(path: Path, validate_step: Any = None,
+                     cannot_stand: Any = None) -> list[Policy]:
+    """Parse one file; `validate_step(spec)` raises ValueError for unknown kinds or params;
+    `cannot_stand(kind)` says why a step kind cannot be a standing lever (or None)."""
     try:
         spec, lines = load_model(path, PolicyFileSpec, "a policy file defines `policies:`")
     except YamlFileError as exc:
@@ -237,19 +259,25 @@ def load_policy_file(path: Path, validate_step: Any = None) -> list[Policy]:
             problems.append(f"{path}:{line}:{column}: {'.'.join(loc)}: policy {policy.name} is "
                             "defined twice")
         seen.add(policy.name)
+        entries = [(("standing", str(i)), lever) for i, lever in enumerate(policy.standing)]
         for si, step in enumerate(policy.steps):
-            entries = [(("steps", str(si)), step)] + [
+            entries += [(("steps", str(si)), step)] + [
                 (("steps", str(si), "levers", str(li)), lever)
                 for li, lever in enumerate(step.levers)]
-            for where, entry in entries:
-                if entry.step == SUPPRESS or validate_step is None:
-                    continue
-                try:
-                    validate_step(entry)
-                except ValueError as exc:
-                    at = (*loc, *where, "params") if entry.params else (*loc, *where, "step")
-                    sline, scol = nearest(lines, at)
-                    problems.append(f"{path}:{sline}:{scol}: {'.'.join(at)}: {exc}")
+        for where, entry in entries:
+            if entry.step == SUPPRESS or validate_step is None:
+                continue
+            at = (*loc, *where, "params") if entry.params else (*loc, *where, "step")
+            try:
+                validate_step(entry)
+                why = cannot_stand(entry.step) if cannot_stand and where[0] == "standing" \
+                    else None
+                if why:
+                    at = (*loc, *where, "step")
+                    raise ValueError(why)
+            except ValueError as exc:
+                sline, scol = nearest(lines, at)
+                problems.append(f"{path}:{sline}:{scol}: {'.'.join(at)}: {exc}")
         policies.append(Policy(policy, f"{path}:{line}:{column}"))
     if problems:
         raise PolicyFileError("\n".join(problems))
@@ -260,9 +288,11 @@ class PolicySet(WatchedFiles[Policy]):
     """The active escalation policies, reloaded per file, with the semantics rule files have
     (sloguard/core/watched.py): a broken file keeps its last good policies."""
 
-    def __init__(self, paths: list[str], validate_step: Any = None) -> None:
+    def __init__(self, paths: list[str], validate_step: Any = None,
+                 cannot_stand: Any = None) -> None:
         self.validate_step = validate_step
-        super().__init__("policy", paths, lambda path: load_policy_file(path, validate_step),
+        super().__init__("policy", paths,
+                         lambda path: load_policy_file(path, validate_step, cannot_stand),
                          key=lambda policy: policy.name, source=lambda policy: policy.source,
                          load_errors=(PolicyFileError,))
 
@@ -275,6 +305,10 @@ class PolicySet(WatchedFiles[Policy]):
     @property
     def names(self) -> list[str]:
         return [p.name for p in self._active]
+
+    @property
+    def active(self) -> list[Policy]:
+        return list(self._active)
 
 
 StepSpec.model_rebuild()

@@ -46,6 +46,12 @@ UNDONE = "undone"
 
 BE = "BE"
 
+BACKOFF_S = (5.0, 10.0, 30.0, 60.0, 120.0, 300.0)  # a failed step's retries, then every 5 min
+
+
+def backoff_ns(attempts: int) -> int:
+    return int(BACKOFF_S[min(attempts, len(BACKOFF_S)) - 1] * 1e9)
+
 
 @dataclass
 class StepContext:

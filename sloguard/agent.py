@@ -23,6 +23,7 @@ from sloguard.actuators.kinds import StepFactory
 from sloguard.actuators.ladder import Ladder
 from sloguard.actuators.ledger import Ledger
 from sloguard.actuators.policy import PolicySet
+from sloguard.actuators.standing import STANDING, is_standing
 from sloguard.collectors.base import CollectorContext
 from sloguard.collectors.cgroups import CgroupCollector
 from sloguard.collectors.registry import CollectorPlugins
@@ -164,7 +165,8 @@ class Agent:
             request_timeout_s=self.settings.kubernetes.timeout)
         self.steps = StepFactory(self.actuator_env)
         self.policies = PolicySet(list(self.settings.actuators.policies),
-                                  validate_step=self.steps.check)
+                                  validate_step=self.steps.check,
+                                  cannot_stand=self.steps.cannot_stand)
         return Ladder(
             self.node, self.policies, self.ledger, self.steps.make,
             save_incident=lambda incident: self.engine.save(incident),
@@ -606,6 +608,7 @@ class Agent:
             else:
                 out.append(ComponentStatus("kubernetes", ok=False, reason=self._kube_error))
         problems = {**self.policies.errors, **self.ladder.errors}
+        rungs = self.ledger.rungs()
         dry_run = self.settings.actuators.dry_run
         out.append(ComponentStatus(
             "actuators", ok=not problems,
@@ -614,7 +617,9 @@ class Agent:
             details={"dry_run": dry_run, "policies": self.policies.names,
                      "paths": list(self.policies.paths),
                      "in_force": [f"{r.policy}#{r.rung + 1} {r.kind} ({r.status})"
-                                  for r in self.ledger.rungs()]},
+                                  for r in rungs if not is_standing(r.policy)],
+                     "standing": [f"{r.policy[len(STANDING):]}: {r.kind} ({r.status})"
+                                  for r in rungs if is_standing(r.policy)]},
         ))
         if self.alerting.enabled:
             out.append(self._thread_fields(self.alerting.status()))

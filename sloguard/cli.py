@@ -194,7 +194,8 @@ def policies_check(
 
     settings = _load(config, None, None).settings
     factory = StepFactory(ActuatorEnv(settings.node_name, ledger=None))  # type: ignore[arg-type]
-    loaded, problems = PolicySet([str(f) for f in files], factory.check).check()
+    loaded, problems = PolicySet([str(f) for f in files], factory.check,
+                                 factory.cannot_stand).check()
     for path, policies in loaded:
         names = ", ".join(p.name for p in policies)
         typer.echo(f"{path}: {len(policies)} policies ok ({names})")

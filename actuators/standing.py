@@ -1,0 +1,121 @@
+"""Standing levers: a policy's levers kept in force at all times, not only during an episode.
+
+Koordinator keeps BE at the lowest CPU priority (group identity, cpu.idle) all the time, and the
+lab measured why one would: an episode's first second is unprotected when the first lever waits
+for the rule that fires on LS latency, and SCHED_IDLE costs BE nothing measurable while LS is
+idle (docs/lab.md, "Standing levers"). A policy's `standing:` levers are therefore reconciled on
+every tick of the ladder, not when an incident fires:
+
+- applied to every BE workload the collector knows, within the tick that discovers a new one
+  (an apply is idempotent, and a reconcile that changes nothing writes nothing: no ledger row,
+  no audit entry);
+- recorded in the ledger like any rung (policy `standing:<name>`, write-ahead, so a crash
+  leaves nothing unknown in force), shown in the UI, /api/policies and /readyz;
+- undone when the configuration drops them (the policy removed, the lever removed or its
+  params changed); a policy file that fails to load keeps its last good standing levers;
+- the ladder starts from them: a rung of the same lever and params is skipped as already in
+  force (it costs no hold, the next lever follows at once), and no descent or relapse probe
+  ever lifts a standing lever (an undo of a same-kind rung keeps what a standing lever holds).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sloguard.actuators.cgroupfs import params_key
+from sloguard.actuators.ledger import RungState
+from sloguard.actuators.policy import Rung, StepSpec
+from sloguard.actuators.step import DONE, FAILED, PROPOSED, SKIPPED, StepResult, backoff_ns
+
+log = logging.getLogger(__name__)
+
+STANDING = "standing:"  # the ledger's policy name for a policy's standing levers: a prefix no
+#                         policy name can take (names are [A-Za-z0-9_.-])
+
+
+def is_standing(ledger_policy: str) -> bool:
+    return ledger_policy.startswith(STANDING)
+
+
+class StandingLevers:
+    """A mixin of the Ladder (actuators/ladder.py): it shares its write-ahead apply, its
+    settling in the ledger and its undo, which keeps what two holders hold."""
+
+    def _stand(self: Any, now_ns: int) -> None:
+        wanted: dict[tuple[str, int], tuple[str, StepSpec]] = {}
+        for policy in self.policies.active:
+            for i, spec in enumerate(policy.spec.standing):
+                wanted[(STANDING + policy.name, i)] = (policy.name, spec)
+        rows = {(r.policy, r.rung): r for r in self.ledger.rungs() if is_standing(r.policy)}
+        for key, row in rows.items():
+            if key in self._jobs:
+                continue
+            want = wanted.get(key)
+            if want is None or (row.spec or {}) != want[1].record():
+                why = (f"the standing {row.kind} of policy {row.policy[len(STANDING):]} is "
+                       + ("no longer configured" if want is None else "configured anew"))
+                try:
+                    self._undo(row, now_ns, why)
+                except Exception as exc:  # tried again on the next tick
+                    self.errors[row.policy] = f"{why}: undo failed: {exc}"[:500]
+                    log.exception("%s: undo failed", why)
+                wanted.pop(key, None)  # applied anew once the old one is off
+        for key, (name, spec) in wanted.items():
+            try:
+                self._stand_one(key, name, spec, rows.get(key), now_ns)
+                self.errors.pop(key[0], None)
+            except Exception as exc:  # one lever's trouble must not stop the ladder
+                self.errors[key[0]] = (f"standing {spec.step} of policy {name!r}: "
+                                       f"{exc.__class__.__name__}: {exc}")[:500]
+                log.exception("policy %s: the standing %s failed", name, spec.step)
+
+    def _stand_one(self: Any, key: tuple[str, int], name: str, spec: StepSpec,
+                   row: RungState | None, now_ns: int) -> None:
+        """Apply it, again, every tick: what a re-apply finds already in force it leaves and
+        records nothing of; only a change (a new BE workload, a value someone reset, a first
+        apply, a failure) reaches the ledger and the audit."""
+        dry_run = self.dry_run or spec.dry_run
+        if row is not None and row.status == FAILED and now_ns < row.retry_ns:
+            return
+        reason = f"standing lever of policy {name}: kept in force on every BE workload"
+        result, keep = self._attempt(key[0], Rung(key[1], spec), None, dry_run, now_ns, reason)
+        if row is not None and keep and result.status == row.status and \
+                result.undo == row.undo and row.dry_run == dry_run:
+            return  # nothing announced (`keep`: no intent of its own to end), as it was
+        attempts = (row.attempts + 1) if row is not None and result.status == FAILED else 1
+        if result.status == FAILED and row is not None and row.status in (DONE, PROPOSED):
+            # what the lever holds stays on record (and is undone from it); retried later
+            row.attempts, row.retry_ns, row.last_ns = attempts, now_ns + backoff_ns(attempts), \
+                now_ns
+            self._settle(row, None, "apply", result, reason, now_ns, put=row, keep_intent=keep)
+            return
+        retry_ns = 0
+        if result.status == FAILED:
+            retry_ns = now_ns + backoff_ns(attempts)
+        new = RungState(key[0], key[1], spec.step, result.status, "", dry_run, result.undo,
+                        row.applied_ns if row is not None and row.status == result.status
+                        else now_ns, attempts, retry_ns, spec.record(), result.target, now_ns)
+        if row is not None and result.status == row.status and row.dry_run == dry_run:
+            reason = f"{reason} (reconciled: what it holds changed)"
+        self._settle(new, None, "apply", result, reason, now_ns, put=new, keep_intent=keep)
+        if result.status == SKIPPED and (row is None or row.status != SKIPPED):
+            log.info("policy %s: standing %s: %s", name, spec.step, result.detail)
+
+    def _standing_holds(self: Any, spec: StepSpec, dry_run: bool) -> str:
+        """The standing lever that already holds what a ladder rung of `spec` would do: the
+        same kind and params, in force (or proposed, for a rung in dry-run)."""
+        key = params_key(spec.params)
+        for row in self.ledger.rungs():
+            if not is_standing(row.policy) or row.kind != spec.step:
+                continue
+            if params_key((row.spec or {}).get("params", {})) != key:
+                continue
+            if row.status == DONE or (row.status == PROPOSED and dry_run):
+                return row.policy[len(STANDING):]
+        return ""
+
+    def _standing_result(self: Any, spec: StepSpec, holder: str) -> StepResult:
+        return StepResult(SKIPPED, f"node/{self.node}",
+                          f"{spec.step}: already in force as a standing lever of policy "
+                          f"{holder}: nothing to add, no hold to wait")
