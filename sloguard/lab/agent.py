@@ -74,10 +74,19 @@ def way_targets(way: str) -> dict[str, str]:
     return {}
 
 
-def lab_policies(target: Path, kube: bool, targets: dict[str, str] | None = None) -> Path:
+def way_standing(way: str) -> bool | None:
+    """Whether a guarded way keeps SCHED_IDLE standing (`guarded-standing`: in force at all
+    times, docs/actuators.md), none at all (`guarded-episodic`: every lever from the
+    ladder, as before standing levers), or the shipped policies' own (None)."""
+    return {"guarded-standing": True, "guarded-episodic": False}.get(way)
+
+
+def lab_policies(target: Path, kube: bool, targets: dict[str, str] | None = None,
+                 standing: bool | None = None) -> Path:
     """The shipped policies, copied; without an API server, the Kubernetes steps in shadow
     mode; each lever kind in `targets` at the target it names (`suspects`: the first
-    suspect, then the next, then the tier: docs/attribution.md)."""
+    suspect, then the next, then the tier: docs/attribution.md); `standing` (way_standing):
+    SCHED_IDLE standing in the policy that has it as a lever, or no standing lever at all."""
     targets = targets or {}
     target.mkdir(parents=True, exist_ok=True)
     for source in default_policy_paths():
@@ -86,6 +95,12 @@ def lab_policies(target: Path, kube: bool, targets: dict[str, str] | None = None
         for file in files:
             document = yaml.safe_load(file.read_text())
             for policy in document.get("policies", []):
+                if standing is False:
+                    policy.pop("standing", None)
+                elif standing and any(lever.get("step") == "cpu_idle"
+                                      for step in policy.get("steps", [])
+                                      for lever in step.get("levers", [])):
+                    policy["standing"] = [{"step": "cpu_idle"}]
                 for step in policy.get("steps", []):
                     if not kube and step.get("step") in KUBE_STEPS:
                         step["dry_run"] = True
@@ -99,11 +114,12 @@ def lab_policies(target: Path, kube: bool, targets: dict[str, str] | None = None
 def agent_config(workdir: Path, port: int, guarded: bool, slo: Any,
                  kubeconfig: str | None, node: str, pods: bool = False,
                  be_cgroups: list[tuple[str, str]] | None = None, ebpf: bool = False,
-                 targets: dict[str, str] | None = None) -> Path:
+                 targets: dict[str, str] | None = None, standing: bool | None = None) -> Path:
     """`be_cgroups`: the BE cgroups to declare (path, name); by default the one BE cgroup.
     `ebpf`: run the eBPF programs (attribution's run-queue blame needs them); off otherwise,
     as compiling them costs each way several CPU-seconds right before the schedule.
-    `targets`: the lever targets over the shipped policies' own (way_targets)."""
+    `targets`: the lever targets over the shipped policies' own (way_targets); `standing`:
+    way_standing."""
     token = workdir / "receive.token"
     token.write_text(secrets.token_hex(16))
     # Pods are found as on any node (the kubelet's kubepods, classes from the API); the lab's
@@ -127,7 +143,7 @@ def agent_config(workdir: Path, port: int, guarded: bool, slo: Any,
         "actuators": {
             "dry_run": not guarded,
             "policies": [str(lab_policies(workdir / "policies", kubeconfig is not None,
-                                          targets))],
+                                          targets, standing))],
         },
         "app_latency": {"pods": {"enabled": False},
                         "receive": {"enabled": True, "token_file": str(token)}},
@@ -145,12 +161,13 @@ class LabAgent:
     def __init__(self, workdir: Path, guarded: bool, slo: Any, kubeconfig: str | None = None,
                  node: str = "sloguard-lab", cpus: set[int] | None = None,
                  pods: bool = False, be_cgroups: list[tuple[str, str]] | None = None,
-                 ebpf: bool = False, targets: dict[str, str] | None = None) -> None:
+                 ebpf: bool = False, targets: dict[str, str] | None = None,
+                 standing: bool | None = None) -> None:
         self.workdir = workdir
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         config = agent_config(workdir, self.port, guarded, slo, kubeconfig, node, pods,
-                              be_cgroups, ebpf, targets)
+                              be_cgroups, ebpf, targets, standing)
         self.token = (workdir / "receive.token").read_text().strip()
         binary = shutil.which("sloguard", path=str(Path(sys.executable).parent)) or "sloguard"
         self.log = open(workdir / "agent.log", "ab")  # noqa: SIM115 - closed in stop
@@ -234,9 +251,11 @@ class LabAgent:
             response.read()
 
     def in_force(self) -> list[dict[str, Any]]:
-        """The rungs really applied and not yet undone (shadow-mode proposals left out)."""
+        """The rungs really applied and not yet undone (shadow-mode proposals left out, and
+        standing levers, which are never undone while configured)."""
         return [r for r in self.get("/api/policies")["in_force"]
-                if r["status"] == "done" and not r["dry_run"]]
+                if r["status"] == "done" and not r["dry_run"]
+                and not r["policy"].startswith("standing:")]
 
     def wait_released(self, timeout: float) -> list[dict[str, Any]]:
         """Wait until the agent has undone every rung (its own undo, as on a node: the

@@ -54,6 +54,9 @@ class EpisodeTiming:
     first_action: str = ""
     p99_ms: float = math.nan  # LS p99 while this episode ran
     carried: bool = False  # a lever still in force from before counted as its first action
+    # the same delay without the standing levers (in force at all times, docs/actuators.md):
+    # to the ladder's first mitigating action, or 0 when one was carried over from before
+    ladder_action_s: float | None = None
     # attribution: the first suspect of the first incident under a policy that fired in the
     # episode (its last ranking), and whether it is one of the episode's antagonists
     suspect: str = ""
@@ -131,9 +134,15 @@ def way_stats(result: WayResult) -> WayStats:
             delay, what = act["t"] - start, f"{act['kind']} ({act['status']})"
         else:
             delay, what = None, ""
+        episodic = [a for a in actions if not _standing(a)]
+        ladder_act = next((a for a in applied if a["kind"] in MITIGATING and not _standing(a)
+                           and window[0] <= a["t"] < window[1]), None)
+        ladder_delay = 0.0 if in_force(episodic, start) else (
+            None if ladder_act is None else ladder_act["t"] - start)
         timing = EpisodeTiming(
             episode.antagonist, start, end, None if fire is None else fire - start, delay, what,
-            percentile(lat[(t_s >= start) & (t_s < end)], 99), carried=bool(held))
+            percentile(lat[(t_s >= start) & (t_s < end)], 99), carried=bool(held),
+            ladder_action_s=ladder_delay)
         culprits = set(antagonists_of(episode))
         ranked = next((i for f, i in zip(fired, driving, strict=True)
                        if window[0] <= f < window[1] and i.get("suspects")), None)
@@ -144,9 +153,15 @@ def way_stats(result: WayResult) -> WayStats:
         elif culprits and result.way != "baseline" and fire is not None:
             timing.attributed = False  # it fired, and named nobody
         stats.episodes.append(timing)
-    stats.quiet_actions = [a for a in applied if not any(
+    stats.quiet_actions = [a for a in applied if not _standing(a) and not any(
         start <= a["t"] < end + GRACE_S for start, end in spans)]
     return stats
+
+
+def _standing(action: dict[str, Any]) -> bool:
+    """A standing lever's entry (actuators/standing.py): in force at all times by design, not
+    an action the guard took on evidence."""
+    return str(action.get("policy", "")).startswith("standing:")
 
 
 def antagonists_of(episode: Any) -> list[str]:

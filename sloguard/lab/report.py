@@ -25,14 +25,18 @@ from sloguard.lab.analysis import (
 from sloguard.lab.scenario import ScenarioSpec
 from sloguard.lab.way import WayResult
 
-# the targets (docs/lab.md)
-TARGET_DELAY_S = 3.0
-TARGET_P99_RATIO = 1.25
+# the issues' targets (docs/lab.md): #23's delay and LS p99 over the whole episode, onset
+# included; the memory (vm) antagonist's looser ratio
+TARGET_DELAY_S = 0.25
+TARGET_P99_RATIO = 1.1
+VM_P99_RATIO = 1.25
 TARGET_BE_RATIO = 0.5
-HELD_ANTAGONISTS = ("cpu", "cache", "io")  # where a manual lever reached both targets here
+HELD_ANTAGONISTS = ("cpu", "cache", "io", "vm")  # judged; the others reported only
 COLORS = {"baseline": "#2b8a3e", "unguarded": "#c92a2a", "guarded": "#1864ab",
-          "guarded-tier": "#0c8599", "guarded-suspects": "#e8590c", "guarded-mixed": "#7048e8"}
-GUARDED_WAYS = ("unguarded", "guarded", "guarded-tier", "guarded-suspects", "guarded-mixed")
+          "guarded-tier": "#0c8599", "guarded-suspects": "#e8590c", "guarded-mixed": "#7048e8",
+          "guarded-standing": "#2b8a3e", "guarded-episodic": "#c2255c"}
+GUARDED_WAYS = ("unguarded", "guarded", "guarded-tier", "guarded-suspects", "guarded-mixed",
+                "guarded-standing", "guarded-episodic")
 TARGET_INNOCENT_RATIO = 0.9  # attribution (#22): the innocent BE jobs keep this much
 
 
@@ -204,11 +208,17 @@ def markdown(scenarios: list[ScenarioRuns], out: Path, header: str) -> str:
     fresh = [e.first_action_s for e in guarded_episodes
              if e.first_action_s is not None and not e.carried]
     fresh_median = statistics.median(fresh) if fresh else None
+    ladder = [e.ladder_action_s for e in guarded_episodes if e.ladder_action_s is not None]
+    ladder_median = statistics.median(ladder) if ladder else None
+    standing = any(e.ladder_action_s != e.first_action_s for e in guarded_episodes)
     lines.append(f"| median delay to the first mitigating action <= {TARGET_DELAY_S:g} s "
                  f"(guarded) | {_s(median)} s over {len(delays)} episodes"
                  f"{f', {missed} with none' if missed else ''} (a lever still in force at the "
                  f"start counts 0 s); {_s(fresh_median)} s over the {len(fresh)} episodes that "
-                 f"needed a new action | "
+                 f"needed a new action"
+                 + (f"; without the standing levers (the ladder's first action) "
+                    f"{_s(ladder_median)} s over {len(ladder)}" if standing else "")
+                 + " | "
                  f"{_yes(median is not None and median <= TARGET_DELAY_S and not missed)} |")
     lines.append(f"| no action in quiet periods (every way) | {len(quiet)} | "
                  f"{_yes(not quiet)} |")
@@ -216,13 +226,14 @@ def markdown(scenarios: list[ScenarioRuns], out: Path, header: str) -> str:
         p99, be = g.p99_ratio(), g.be_ratio()
         kind = "+".join(g.spec.schedule.episodes[0].kinds)
         held = kind in HELD_ANTAGONISTS and not g.spec.culprits
-        met = p99 <= TARGET_P99_RATIO and be >= TARGET_BE_RATIO
+        ratio = VM_P99_RATIO if kind == "vm" else TARGET_P99_RATIO
+        met = p99 <= ratio and be >= TARGET_BE_RATIO
         result = f"p99 {_x(p99)}, BE {_x(be)}"
         if len(g.runs) > 1:
             result = (f"median of {g.counted()} runs: p99 {_x(p99)} ("
                       f"{_each(g.ratios('guarded', 'episode_p99_ms', 'baseline'))}), BE "
                       f"{_x(be)} ({_each(g.ratios('guarded', 'be_ops_per_s', 'unguarded'))})")
-        lines.append(f"| {g.spec.name}: LS p99 guarded <= {TARGET_P99_RATIO:g}x baseline and BE "
+        lines.append(f"| {g.spec.name}: LS p99 guarded <= {ratio:g}x baseline and BE "
                      f">= {TARGET_BE_RATIO:.0%} of unguarded{'' if held else ' (reported only)'}"
                      f" | {result} | {_yes(met) if held else 'n/a'} |")
     lines.append("")

@@ -38,7 +38,8 @@ from sloguard.core.cpulist import parse_cpulist
 from sloguard.core.yamlfile import YamlFileError, load_model
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
-WAYS = ("baseline", "unguarded", "guarded", "guarded-tier", "guarded-suspects", "guarded-mixed")
+WAYS = ("baseline", "unguarded", "guarded", "guarded-tier", "guarded-suspects", "guarded-mixed",
+        "guarded-standing", "guarded-episodic")
 DEFAULT_WAYS = WAYS[:3]
 
 # stress-ng stressors per antagonist kind (colocation-lab.md): what each one contends for
@@ -227,12 +228,13 @@ class ScenarioSpec(_Strict):
     be: BeSpec = Field(default_factory=BeSpec)
     schedule: ScheduleSpec
     ways: list[Literal["baseline", "unguarded", "guarded", "guarded-tier", "guarded-suspects",
-                       "guarded-mixed"]] = Field(
+                       "guarded-mixed", "guarded-standing", "guarded-episodic"]] = Field(
         default_factory=lambda: list(DEFAULT_WAYS), min_length=1,
         description="guarded: the shipped policies as they are; guarded-tier: every lever on "
                     "the whole BE tier; guarded-suspects: the per-workload levers at `target: "
                     "suspects`; guarded-mixed: SCHED_IDLE tier-wide, the others at `target: "
-                    "suspects`")
+                    "suspects`; guarded-standing: SCHED_IDLE standing (in force at all times); "
+                    "guarded-episodic: no standing lever, every lever from the ladder")
 
     @field_validator("schedule")
     @classmethod

@@ -27,7 +27,14 @@ from typing import Any
 import numpy as np
 
 from sloguard.core.cpulist import format_cpulist, parse_cpulist
-from sloguard.lab.agent import BE_CGROUP, LS_CGROUP, LabAgent, free_port, way_targets
+from sloguard.lab.agent import (
+    BE_CGROUP,
+    LS_CGROUP,
+    LabAgent,
+    free_port,
+    way_standing,
+    way_targets,
+)
 from sloguard.lab.antagonists import Antagonist, EpisodeRun, LabSetupError
 from sloguard.lab.cgroups import LabCgroup, pids_in
 from sloguard.lab.kube import LabNode
@@ -362,7 +369,8 @@ def run_way(spec: ScenarioSpec, way: str, workdir: Path, progress: Progress,
                                            pods=pods is not None,
                                            be_cgroups=be_cgroups(spec, BE_CGROUP),
                                            ebpf=spec.culprits,
-                                           targets=way_targets(way))
+                                           targets=way_targets(way),
+                                           standing=way_standing(way))
             agent.wait_ready()
             if spec.culprits:
                 agent.wait_ebpf()
