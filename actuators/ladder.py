@@ -75,6 +75,7 @@ class Ladder(StandingLevers):
         dry_run: bool = True,
         open_incidents: Callable[[], list[Incident]] = lambda: [],
         background: bool = False,
+        cause_present: Callable[[str], bool | None] = lambda policy: None,
     ) -> None:
         self.node = node
         self.policies = policies
@@ -85,6 +86,8 @@ class Ladder(StandingLevers):
         self.inventory = inventory
         self.dry_run = dry_run
         self.open_incidents = open_incidents
+        self.cause_present = cause_present  # Engine.cause_present: BE still busy?
+        self._kept: set[str] = set()  # policies whose levers the cause keeps (logged once)
         self.errors: dict[str, str] = {}  # policy name -> why it cannot run
         self._held: set[tuple[str, int]] = set()  # (policy, rung) held for stale evidence
         self._quiet: set[tuple[str, int]] = set()  # (policy, rung) held while recovering
@@ -213,16 +216,21 @@ class Ladder(StandingLevers):
                 bool(rows) and now_ns >= self._undo_due.get(name, 0))
             if at_stake and self._unevaluated(name):
                 return
+            cause = self._cause(name, policy) if rows else None
             if name in self._was_firing:
                 self._was_firing.discard(name)
                 self._learn(name, rows)
                 self._came_down[name] = now_ns
-                self._wait_before_undo(name, policy, rows, now_ns)
+                if cause is None:
+                    self._wait_before_undo(name, policy, rows, now_ns)
+                else:  # lifted when the cause goes, not probed: no relapse back-off
+                    self._relapses.pop(name, None)
+                    self._came_down.pop(name, None)
             # the next episode logs its holds again
             self._held = {held for held in self._held if held[0] != name}
             self._quiet = {held for held in self._quiet if held[0] != name}
             self._edited = {held for held in self._edited if held[0] != name}
-            self._descend(name, policy, rows, now_ns)
+            self._descend(name, policy, rows, now_ns, cause)
 
     def _unevaluated(self, name: str) -> bool:
         return any(i.policy == name and i.state == FIRING and i.node == self.node
@@ -368,14 +376,60 @@ class Ladder(StandingLevers):
         """The incident a rung is taken for: the one firing longest."""
         return min(incidents, key=lambda i: i.fired_ns or i.started_ns)
 
+    def _cause(self, name: str, policy: Policy | None) -> bool | None:
+        """Whether the cause the policy's levers answer is still present (True), gone
+        (False), or not known (None: the policy says not to ask, or no rule tells)."""
+        if policy is None or not policy.spec.keep_while_cause:
+            return None
+        try:
+            return self.cause_present(name)
+        except Exception:  # the engine's trouble: the descent falls back to its holds
+            log.exception("policy %s: cannot tell whether the cause is still present", name)
+            return None
+
     def _descend(self, name: str, policy: Policy | None, rows: list[RungState],
-                 now_ns: int) -> None:
+                 now_ns: int, cause: bool | None = None) -> None:
+        """Down one rung per `undo_hold`; or, where the driving rules name the cause (their
+        `and:` conditions), nothing while it is still present (the lever is what keeps it
+        down: lifting it lets the interference back) and everything at once when it is
+        gone (nothing left to protect against, BE should have its resources back)."""
         if not rows:
+            self._kept.discard(name)
             if self.ledger.episode(name) is not None:
                 self.ledger.end_episode(name)
             return
+        if cause:
+            if name not in self._kept:
+                self._kept.add(name)
+                log.info("policy %s: the interference ended under its levers and its cause "
+                         "(BE work) is still present: the levers stay until it is gone", name)
+            return
+        if self._kept:
+            self._kept.discard(name)
+        if cause is False:
+            self._lift_all(name, policy, rows, now_ns)
+            return
         if now_ns < self._undo_due.get(name, 0):
             return
+        self._descend_one(name, policy, rows, now_ns)
+
+    def _lift_all(self, name: str, policy: Policy | None, rows: list[RungState],
+                  now_ns: int) -> None:
+        """The cause is gone: every rung undone in this tick, last first (one on the API
+        worker stops the walk until its outcome is in)."""
+        rows = list(rows)
+        while rows:
+            if rows[-1].undo.get("_undo_attempts") and now_ns < self._undo_due.get(name, 0):
+                return  # its undo failed: retried after its back-off, not on every tick
+            rest = self._descend_one(name, policy, rows, now_ns)
+            if rest is None:
+                return
+            rows = rest
+        self._undo_due.pop(name, None)
+
+    def _descend_one(self, name: str, policy: Policy | None, rows: list[RungState],
+                     now_ns: int) -> list[RungState] | None:
+        """Undo the last rung in force; what is left below it when that is done."""
         rows = list(rows)
         while rows and rows[-1].status in (FAILED, SKIPPED):
             # never changed anything: dropped at once, without costing a hold
@@ -383,14 +437,15 @@ class Ladder(StandingLevers):
             rows.pop()
         if not rows:
             self.ledger.end_episode(name)
-            return
+            return []
         row = rows[-1]
         if row.status == RUNNING:
-            return  # its step is still on the API worker: undone once its outcome is in
+            return None  # its step is still on the API worker: undone once its outcome is in
         done = self._undo(row, now_ns, f"no incident under policy {name} fires any more")
         if done is None:
-            return  # the undo is on the API worker; the descent goes on from its outcome
+            return None  # the undo is on the API worker; the descent goes on from its outcome
         self._after_undo(name, policy, rows[:-1], row, done, now_ns)
+        return rows[:-1] if done else None
 
     def _after_undo(self, name: str, policy: Policy | None, below: list[RungState],
                     row: RungState, done: bool, now_ns: int) -> None:

@@ -130,6 +130,11 @@ class PolicySpec(BaseModel):
                            "the next descent waits undo_hold x 2^(relapses-1) before its first "
                            "undo")
     max_undo_wait: Duration = Field(600.0, description="the longest such wait")
+    keep_while_cause: bool = Field(
+        True, description="after an episode, keep the levers while the cause named by the "
+                          "`and:` conditions of a rule driving this policy (BE busy) is "
+                          "present, and lift them all at once when it is gone; false: lift "
+                          "them one per undo_hold either way (with the relapse back-off)")
     standing: list[StepSpec] = Field(
         default_factory=list,
         description="cgroup levers kept in force at all times while this policy is loaded, "

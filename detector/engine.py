@@ -91,6 +91,17 @@ class Engine(AlertLifecycle):
     save_error: str = ""  # why the last save failed, while incidents wait to be saved
     # the agent's own open events by name (RulesInvalid); None until read from the store
     _events: dict[str, Incident] | None = None
+    # rule key -> (its policy, whether its `and:` conditions hold now): the cause its policy's
+    # levers answer (cause_present)
+    _causes: dict[str, tuple[str, bool]] = field(default_factory=dict)
+
+    def cause_present(self, policy: str) -> bool | None:
+        """Whether the cause a policy's levers answer is still there: the `and:` conditions
+        (BE busy, BE stalled on I/O) of a rule that drives it hold at its last evaluation.
+        None when no loaded rule driving it has such a condition: nothing tells "the lever
+        works" from "the cause is gone" then (docs/actuators.md, "The end of an episode")."""
+        held = [holds for name, holds in self._causes.values() if name == policy]
+        return any(held) if held else None
 
     def close(self) -> None:
         """End the detector worker's thread (an agent stopped in-process, a backtest done)."""
@@ -177,6 +188,8 @@ class Engine(AlertLifecycle):
             del self._due[key]
         for key in [k for k in self._hung if k not in keys]:
             del self._hung[key]
+        for key in [k for k in self._causes if k not in keys]:
+            del self._causes[key]
         signals = {signal for rule in active_rules for signal in signal_keys(rule)}
         for key in [k for k in self._detectors if k not in signals]:
             del self._detectors[key]  # a rule gone, or a condition taken out of one
@@ -255,13 +268,18 @@ class Engine(AlertLifecycle):
         if failures:
             self._series_errors[rule.key] = (f"{len(failures)} series failed, e.g. "
                                              f"{failures[0]}")[:500]
-        holds, notes = True, []
+        holds, cause, notes = True, True, []
         for (kind, _, condition), judged in zip(rule.spec.conditions, judged_all[1:],
                                                 strict=True):
             crossed = len(judged.crossed)
             holds = holds and (crossed > 0 if kind == "and" else crossed == 0)
+            cause = cause and (crossed > 0 or kind != "and")
             notes.append(f"{'unless ' if kind == 'unless' else ''}{condition.expr} "
                          f"{condition.field}: {crossed} of {len(judged.inputs)} series crossed")
+        if rule.spec.policy and rule.spec.and_:
+            self._causes[rule.key] = (rule.spec.policy, cause)
+        else:
+            self._causes.pop(rule.key, None)
         main = judged_all[0]
         # Only series that crossed, have an alert, or count evaluations can change state: the
         # thousands that are quiet are not stepped one by one.

@@ -175,6 +175,8 @@ class Agent:
             dry_run=self.settings.actuators.dry_run,
             open_incidents=self.incidents.open_incidents,
             background=True,  # API calls never hold up collection and evaluation
+            # BE still busy after an episode: its levers stay (the engine is built after)
+            cause_present=lambda policy: self.engine.cause_present(policy),
         )
 
     def _per_workload(self, kind: str) -> bool:

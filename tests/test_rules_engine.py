@@ -633,6 +633,34 @@ def test_compound_rule_fires_only_when_the_conditions_agree(tmp_path):
     assert incident.state == RESOLVED and incident.quiet_since_ns == T0 + 10 * S
 
 
+def test_the_cause_of_a_policy_is_its_rules_and_conditions_even_after_recovery(tmp_path):
+    """Engine.cause_present: what tells the ladder "the lever works" (LS recovered, BE still
+    busy: keep the levers) from "the cause is gone" (BE stopped: lift them)."""
+    h = _Harness(tmp_path, COMPOUND.replace("        severity: critical",
+                                            "        severity: critical\n        policy: guard"))
+
+    def be(second, usage):
+        sample = Sample("cpu", {"node": "node-a", "class": "BE", "pod": "batch"},
+                        {"usage": usage}, T0 + second * S)
+        h.store.write([sample])
+        h.windows.add([sample])
+
+    assert h.engine.cause_present("guard") is None  # not evaluated yet: nobody can tell
+    for second in range(3):
+        be(second, 1.9)
+        h.at(second, 30.0)
+    assert h.engine.cause_present("guard") is True and h.all()[0].state == FIRING
+    for second in range(3, 8):  # LS recovers under the lever while BE still runs
+        be(second, 1.9)
+        h.at(second, 1.0)
+    assert h.all()[0].state == RESOLVED
+    assert h.engine.cause_present("guard") is True
+    be(8, 0.1)  # BE stops
+    h.at(8, 1.0)
+    assert h.engine.cause_present("guard") is False
+    assert h.engine.cause_present("other") is None
+
+
 UNLESS = COMPOUND.replace("        severity: critical", """        unless:
           - expr: io{class="BE"}
             field: stall

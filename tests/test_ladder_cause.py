@@ -1,0 +1,77 @@
+"""The end of an episode (docs/actuators.md): levers kept while the cause their rule names is
+still present (the lever works: lifting it lets the interference back), every one lifted in the
+same tick once the cause is gone, and the old one-per-undo_hold descent where nothing tells."""
+
+from __future__ import annotations
+
+from test_ladder import CALLS, POLICY, Harness, Mark, _clean  # noqa: F401 - the fixture
+
+UNDONE_ALL = [("undo", n, False) for n in ("last", "cpuset", "cpu_idle", "second", "first")]
+
+
+def _climbed(tmp_path, policy: str = POLICY) -> tuple[Harness, dict[str, bool | None]]:
+    """Every rung in force at 30 s; `cause["now"]` is what the engine says of the cause."""
+    h = Harness(tmp_path, policy)
+    cause: dict[str, bool | None] = {"now": True}
+    h.ladder.cause_present = lambda name: cause["now"] if name == "guard" else None
+    incident = h.incident(0)
+    for second in (0, 10, 15, 20, 30):
+        h.tick(second, [incident])
+    assert [c[1] for c in CALLS] == ["first", "second", "cpu_idle", "cpuset", "last"]
+    CALLS.clear()
+    return h, cause
+
+
+def test_levers_stay_while_the_cause_is_present_and_all_go_when_it_is_gone(tmp_path):
+    h, cause = _climbed(tmp_path)
+    for second in range(31, 700, 7):  # LS recovered under the levers, BE still runs
+        h.tick(second, [])
+    assert CALLS == []  # not one lifted (no relapse probe either)
+    cause["now"] = False  # BE stopped
+    h.tick(701, [])
+    assert CALLS == UNDONE_ALL  # in one tick, in reverse
+    assert h.ledger.rungs() == [] and h.ledger.episode("guard") is None
+
+
+def test_a_cause_gone_at_the_recovery_lifts_everything_at_once_and_no_relapse_backs_off(
+        tmp_path):
+    h, cause = _climbed(tmp_path)
+    cause["now"] = False
+    h.tick(31, [])
+    assert CALLS == UNDONE_ALL
+    CALLS.clear()
+    cause["now"] = True  # a new antagonist 5 s later: within relapse_window, not a relapse
+    again = h.incident(36)
+    h.tick(36, [again])
+    cause["now"] = False
+    h.tick(37, [])
+    assert CALLS == [("apply", "first", False), ("undo", "first", False)]
+
+
+def test_a_failed_undo_is_retried_after_its_back_off_not_on_every_tick(tmp_path):
+    h, cause = _climbed(tmp_path)
+    cause["now"] = False
+    Mark.undo_fail_times = 1
+    h.tick(31, [])
+    assert CALLS == []  # the last rung's undo failed: the walk stops there
+    h.tick(32, [])
+    h.tick(35, [])
+    assert CALLS == []
+    h.tick(36, [])  # 5 s later
+    assert CALLS == UNDONE_ALL
+
+
+def test_without_a_cause_or_with_keep_while_cause_false_one_rung_per_undo_hold(tmp_path):
+    h, cause = _climbed(tmp_path, POLICY.replace("    undo_hold: 10s",
+                                                 "    undo_hold: 10s\n"
+                                                 "    keep_while_cause: false"))
+    for second in (31, 35, 41):
+        h.tick(second, [])
+    assert [c[1] for c in CALLS] == ["last", "cpuset"]
+    (tmp_path / "b").mkdir()
+    CALLS.clear()
+    h2, cause2 = _climbed(tmp_path / "b")
+    cause2["now"] = None  # no rule names the cause
+    for second in (31, 35, 41):
+        h2.tick(second, [])
+    assert [c[1] for c in CALLS] == ["last", "cpuset"]
