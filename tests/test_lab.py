@@ -199,6 +199,32 @@ def test_the_seconds_after_the_first_lever_are_measured_apart_from_the_onset() -
                             {"baseline": baseline}).mitigated_ratio())
 
 
+def test_standing_levers_count_0_s_but_the_ladders_delay_and_the_end_are_told_apart() -> None:
+    """#23: a standing lever in force from the start counts as mitigation at 0 s, the ladder's
+    own first action is reported beside it, and is no quiet-period action; after the episode
+    (10-20 s), an action and a firing are reported, and how long the ladder's levers stayed."""
+    standing = {**_action(1.0, "cpu_idle"), "policy": "standing:ls-interference", "rung": 0}
+    ladder = [{**_action(t, kind, action), "policy": "ls-interference", "rung": rung}
+              for t, kind, action, rung in ((12.5, "cpuset", "apply", 1),
+                                            (21.0, "cpu_quota", "apply", 2),
+                                            (24.0, "cpu_quota", "undo", 2),
+                                            (26.0, "cpuset", "undo", 1))]
+    result = _result("guarded", [standing, *ladder])
+    result.incidents.append({"rule": "LSLatencyInterference", "policy": "ls-interference",
+                             "fired_ns": result.start_ns + 22 * 10**9})
+    stats = way_stats(result)
+    [episode] = stats.episodes
+    assert episode.first_action_s == 0.0 and episode.carried
+    assert episode.ladder_action_s == pytest.approx(2.5)
+    assert stats.quiet_actions == []
+    assert episode.after_end == ["cpu_quota at +1.0 s", "fired at +2.0 s"]
+    assert episode.lifted_s == pytest.approx(6.0)
+    still = way_stats(_result("guarded", [standing, *ladder[:2]])).episodes[0]
+    assert still.lifted_s is None and still.after_end == ["cpu_quota at +1.0 s"]
+    plain = way_stats(_result("guarded", [ladder[0]])).episodes[0]
+    assert (plain.first_action_s, plain.ladder_action_s) == (pytest.approx(2.5),) * 2
+
+
 def test_proposals_count_for_the_shadow_way_and_the_baseline_has_no_be() -> None:
     stats = way_stats(_result("unguarded", [_action(13.0, "cpu_idle", status="proposed")]))
     assert stats.episodes[0].first_action == "cpu_idle (proposed)"

@@ -62,7 +62,7 @@ def test_a_failed_undo_is_retried_after_its_back_off_not_on_every_tick(tmp_path)
 
 
 def test_without_a_cause_or_with_keep_while_cause_false_one_rung_per_undo_hold(tmp_path):
-    h, cause = _climbed(tmp_path, POLICY.replace("    undo_hold: 10s",
+    h, _ = _climbed(tmp_path, POLICY.replace("    undo_hold: 10s",
                                                  "    undo_hold: 10s\n"
                                                  "    keep_while_cause: false"))
     for second in (31, 35, 41):

@@ -57,6 +57,11 @@ class EpisodeTiming:
     # the same delay without the standing levers (in force at all times, docs/actuators.md):
     # to the ladder's first mitigating action, or 0 when one was carried over from before
     ladder_action_s: float | None = None
+    # the end of the episode (#23): what the guard did after the antagonist had stopped (lever
+    # applications and firings before the next episode), and how long its levers stayed on
+    # after the end (None: still in force when the next episode or the way began)
+    after_end: list[str] = field(default_factory=list)
+    lifted_s: float | None = 0.0
     # attribution: the first suspect of the first incident under a policy that fired in the
     # episode (its last ranking), and whether it is one of the episode's antagonists
     suspect: str = ""
@@ -122,7 +127,10 @@ def way_stats(result: WayResult) -> WayStats:
                      key=lambda i: i["fired_ns"])  # the rules that move levers
     fired = [(i["fired_ns"] - result.start_ns) / 1e9 for i in driving]
     applied = [a for a in actions if a["action"] == "apply" and a["status"] in ACTED]
-    for episode, (start, end) in zip(result.episodes, spans, strict=True):
+    episodic = [a for a in actions if not _standing(a)]
+    nexts = [s for s, _ in spans[1:]] + [(records[-1, 0] - result.start_ns) / 1e9
+                                         if len(records) else math.inf]
+    for episode, (start, end), after in zip(result.episodes, spans, nexts, strict=True):
         window = (start, end + GRACE_S)
         fire = next((f for f in fired if window[0] <= f < window[1]), None)
         held = in_force(actions, start)
@@ -134,7 +142,6 @@ def way_stats(result: WayResult) -> WayStats:
             delay, what = act["t"] - start, f"{act['kind']} ({act['status']})"
         else:
             delay, what = None, ""
-        episodic = [a for a in actions if not _standing(a)]
         ladder_act = next((a for a in applied if a["kind"] in MITIGATING and not _standing(a)
                            and window[0] <= a["t"] < window[1]), None)
         ladder_delay = 0.0 if in_force(episodic, start) else (
@@ -152,10 +159,25 @@ def way_stats(result: WayResult) -> WayStats:
             timing.attributed = timing.suspect in culprits
         elif culprits and result.way != "baseline" and fire is not None:
             timing.attributed = False  # it fired, and named nobody
+        timing.after_end = [f"{a['kind']} at +{a['t'] - end:.1f} s" for a in applied
+                            if not _standing(a) and end < a["t"] < after] + [
+            f"fired at +{f - end:.1f} s" for f in fired if end < f < after]
+        timing.lifted_s = lifted_after(episodic, end, after)
         stats.episodes.append(timing)
     stats.quiet_actions = [a for a in applied if not _standing(a) and not any(
         start <= a["t"] < end + GRACE_S for start, end in spans)]
     return stats
+
+
+def lifted_after(actions: list[dict[str, Any]], end: float, until: float) -> float | None:
+    """Seconds from `end` until no mitigating rung was in force any more; None when one
+    still was at `until`."""
+    if not in_force(actions, end + 1e-6):
+        return 0.0
+    for t in sorted({a["t"] for a in actions if end < a["t"] < until}):
+        if not in_force(actions, t + 1e-6):
+            return t - end
+    return None
 
 
 def _standing(action: dict[str, Any]) -> bool:

@@ -30,6 +30,7 @@ from sloguard.lab.way import WayResult
 TARGET_DELAY_S = 0.25
 TARGET_P99_RATIO = 1.1
 VM_P99_RATIO = 1.25
+TARGET_LIFT_S = 20.0
 TARGET_BE_RATIO = 0.5
 HELD_ANTAGONISTS = ("cpu", "cache", "io", "vm")  # judged; the others reported only
 COLORS = {"baseline": "#2b8a3e", "unguarded": "#c92a2a", "guarded": "#1864ab",
@@ -222,6 +223,17 @@ def markdown(scenarios: list[ScenarioRuns], out: Path, header: str) -> str:
                  f"{_yes(median is not None and median <= TARGET_DELAY_S and not missed)} |")
     lines.append(f"| no action in quiet periods (every way) | {len(quiet)} | "
                  f"{_yes(not quiet)} |")
+    late = [x for e in guarded_episodes for x in e.after_end]
+    lines.append(f"| no action or firing after the antagonist stopped (guarded) | "
+                 f"{len(late)}{': ' + ', '.join(late[:6]) if late else ''} | "
+                 f"{_yes(not late)} |")
+    lifted = [e.lifted_s for e in guarded_episodes]
+    known = [x for x in lifted if x is not None]
+    lines.append(f"| levers lifted within {TARGET_LIFT_S:g} s of the antagonist's end "
+                 f"(guarded) | longest {_s(max(known) if known else None)} s"
+                 f"{f', {lifted.count(None)} still on at the next start' if None in lifted else ''}"
+                 f" | {_yes(bool(lifted) and None not in lifted and max(known) <= TARGET_LIFT_S)}"
+                 " |")
     for g in scenarios:
         p99, be = g.p99_ratio(), g.be_ratio()
         kind = "+".join(g.spec.schedule.episodes[0].kinds)
@@ -356,14 +368,17 @@ def _scenario(g: ScenarioRuns, out: Path) -> list[str]:
     lines += ["", "Per episode (seconds from the antagonist's start; unguarded: the agent in "
               "shadow mode, its proposals):", "",
               "| way | episode | antagonist | length s | p99 ms | to firing s | "
-              "to first mitigating action s | action |", "|---|---|---|---|---|---|---|---|"]
+              "to first mitigating action s | action | levers lifted s after its end | "
+              "after its end |", "|---|---|---|---|---|---|---|---|---|---|"]
     for way, s in r.stats.items():
         if way == "baseline":
             continue
         for i, e in enumerate(s.episodes, start=1):
             lines.append(f"| {way} | {i} | {e.antagonist} | {e.end_s - e.start_s:.1f} | "
                          f"{_ms(e.p99_ms)} | {_s(e.fired_s)} | {_s(e.first_action_s)} | "
-                         f"{e.first_action or '-'} |")
+                         f"{e.first_action or '-'} | "
+                         f"{'still on' if e.lifted_s is None else _s(e.lifted_s)} | "
+                         f"{', '.join(e.after_end) or '-'} |")
     if r.spec.culprits:
         lines += _attribution(r)
     guarded = r.stats.get("guarded")
