@@ -25,7 +25,7 @@ import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,6 +130,9 @@ class AppLatencyCollector(CollectorBase):
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+        # called (from the API's or the scraper's thread) when data has arrived: the agent
+        # evaluates the `on_arrival` rules then, not only at its next tick
+        self.on_arrival: Callable[[], None] = lambda: None
         for target in self.static:  # listed (not tried yet) from the start
             self._status[target.key] = TargetStatus(target)
         if registry is not None:
@@ -192,6 +195,7 @@ class AppLatencyCollector(CollectorBase):
             self.received.points += points
         for service, namespace, batch, time_ns in batches:
             self.slo.add(service, namespace, batch, time_ns)
+        self.on_arrival()
 
     def reject(self, endpoint: str, reason: str) -> None:
         with self._lock:
@@ -206,6 +210,7 @@ class AppLatencyCollector(CollectorBase):
                 self._pending.popleft()
             if overflow > 0:
                 self.dropped += overflow
+        self.on_arrival()
 
     # -- status --------------------------------------------------------------------------
 
@@ -367,8 +372,9 @@ class AppLatencyCollector(CollectorBase):
         slo = self.slo.find(target.service, target.namespace, from_pod)
         if slo is not None:
             fields["slo_latency_ms"] = float(slo.latency_ms)
-        self._push([Sample("app_latency", target.tags(self.node), fields, now_ns)])
+        # the SLO tracker first: `_push` tells the agent that data arrived (on_arrival)
         self.slo.add(target.service, target.namespace, batch, now_ns, from_pod)
+        self._push([Sample("app_latency", target.tags(self.node), fields, now_ns)])
 
     async def _probe(self, target: Target) -> None:
         if target.kind == "http":

@@ -133,16 +133,22 @@ class Engine(AlertLifecycle):
             restored += 1
         return restored
 
-    def evaluate(self, now_ns: int, mono_ns: int | None = None) -> None:
+    def evaluate(self, now_ns: int, mono_ns: int | None = None,
+                 arrived: frozenset[str] | None = None) -> None:
         """One evaluation of every rule due. `now_ns` (wall time) selects the windows, as the
         samples are stamped with it, and labels what is recorded; `mono_ns` (monotonic) runs
         every timer: `for`, `recover_for`, rule intervals and the back-off of a hung rule.
-        Without `mono_ns` (a replay, a test stepping simulated time) the two are one clock."""
+        Without `mono_ns` (a replay, a test stepping simulated time) the two are one clock.
+        With `arrived` (measurements that just arrived between ticks): only the `on_arrival`
+        rules whose own signal is one of them."""
         mono = self._mono_ns = now_ns if mono_ns is None else mono_ns
         self._retry_saves()
         active_rules = self.rules.rules
         keys = {rule.key for rule in active_rules}
         for rule in active_rules:
+            if arrived is not None and not (
+                    rule.spec.on_arrival and rule.spec.selector.measurement in arrived):
+                continue
             status = self.status.setdefault(rule.key, RuleStatus(rule.key, rule.source))
             status.source = rule.source
             interval = int((rule.interval or 0) * 1e9)
@@ -168,6 +174,8 @@ class Engine(AlertLifecycle):
             status.evaluations += 1
             status.last_eval_ns = now_ns
             status.last_duration_s = time.perf_counter() - started
+        if arrived is not None:
+            return  # the tick's own evaluation, within a second, does the bookkeeping
         if not self.rules.errors:  # a rule gone from cleanly loaded files: end its incidents
             for (rule_key, series), state in list(self.states.items()):
                 if rule_key not in keys:

@@ -46,6 +46,12 @@ class DetectorRegistry(Extensions):
         """Refuse a rule (or condition) whose detector or params this registry cannot make:
         the `validate_params` of a RuleSet."""
         self.make(spec.detector, spec.params)
+        if getattr(spec, "on_arrival", False) and not getattr(
+                self.types.get(spec.detector), "per_value", False):
+            raise ValueError(f"on_arrival: detector {spec.detector!r} learns from each "
+                             "evaluation, and would learn the same value several times; "
+                             "on_arrival is for detectors that judge each value on its own "
+                             "(threshold, slo_latency)")
 
     def make(self, kind: str, params: dict[str, Any]) -> Any:
         """A new detector; ValueError (shown against the rule) for an unknown kind or params."""

@@ -118,6 +118,19 @@ class RuleSpec(SignalSpec):
     policy: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_.-]+$",
         description="the escalation policy a firing alert of this rule drives (policies/)")
+    on_arrival: bool = Field(
+        False, description="also evaluate the rule as soon as new data for its own signal "
+                           "arrives (a push, a scrape), at most every `arrival_floor` (100 ms), "
+                           "and let its policy act in that evaluation; needs a detector that "
+                           "judges each value on its own (threshold, slo_latency)")
+
+    @model_validator(mode="after")
+    def _arrival(self) -> RuleSpec:
+        if self.on_arrival and self.for_evaluations is not None:
+            raise ValueError("on_arrival evaluates a rule more often than the tick, so "
+                             "for_evaluations (a count of evaluations) would mean something "
+                             "else: use `for` (seconds)")
+        return self
 
     @property
     def conditions(self) -> list[tuple[str, int, Condition]]:
@@ -194,6 +207,10 @@ def load_rule_file(path: Path, validate_params: Any = None) -> list[LoadedRule]:
             line, column = lines.get(loc, (1, 1))
             source = f"{path}:{line}:{column}"
             loaded = LoadedRule(group.name, rule, source, group.interval)
+            if rule.on_arrival and group.interval is not None:
+                problems.append(f"{source}: {'.'.join(loc)}.on_arrival: the group is evaluated "
+                                f"every {group.interval:g}s, not on each tick: on_arrival has "
+                                "no place in it")
             if loaded.key in seen:
                 problems.append(f"{source}: {'.'.join(loc)}: rule {loaded.key} is defined twice")
             seen.add(loaded.key)

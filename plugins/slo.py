@@ -37,6 +37,9 @@ from sloguard.detector.api import Verdict, hookimpl, reject_unknown
 
 class SloLatency:
     name = "slo_latency"
+    # judges each value on its own: evaluating it again on new data (a rule's `on_arrival`)
+    # teaches it nothing twice
+    per_value = True
 
     def __init__(self, params: dict[str, Any]) -> None:
         reject_unknown(params, {"target", "recover_ratio"}, self.name)

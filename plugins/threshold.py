@@ -16,6 +16,7 @@ class Threshold:
     """`above: X` (or `below: X`), optional `recover_below` (or `recover_above`)."""
 
     name = "threshold"
+    per_value = True  # its hysteresis sees the same value twice the same way (`on_arrival`)
 
     def __init__(self, params: dict[str, Any]) -> None:
         reject_unknown(params, {"above", "below", "recover_below", "recover_above"}, self.name)

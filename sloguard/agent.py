@@ -8,6 +8,7 @@ UI/API serves from uvicorn's threads and reads through the stores' own connectio
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -47,6 +48,7 @@ from sloguard.store.incidents_db import IncidentStore
 from sloguard.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
+ARRIVAL = object()  # in the loop's call queue: data has arrived for the on_arrival rules
 
 RULE_RELOAD_S = 10.0
 MAINTAIN_S = 60.0
@@ -78,6 +80,12 @@ class Agent:
         built = {collector.name: collector for collector in self.collectors}
         self.cgroups: CgroupCollector | None = built.get("cgroups")
         self.app_latency: Any = built.get("app_latency")  # the UI's receiver pushes into it
+        # evaluation on arrival: a push or a scrape wakes the loop between ticks (_on_arrival)
+        self._arrival_pending = threading.Event()
+        self._last_arrival = -math.inf
+        self.arrival_evaluations = 0
+        if self.app_latency is not None and settings.arrival_floor > 0:
+            self.app_latency.on_arrival = self._data_arrived
         self._collector_errors: dict[str, str] = {}
         self.detectors = DetectorRegistry.from_config(settings.detectors)
         self.rules = RuleSet(list(settings.rules.paths), validate_params=self.detectors.check)
@@ -322,17 +330,68 @@ class Agent:
             self._wait_or_call(deadline - now)
 
     def _wait_or_call(self, seconds: float) -> None:
-        """Sleep until the next tick, but serve calls (an acknowledge from the UI) at once."""
+        """Sleep until the next tick, but serve calls (an acknowledge from the UI) at once,
+        and evaluate the `on_arrival` rules when data has arrived, at most every
+        `arrival_floor`."""
         end = time.monotonic() + seconds
+        arrival_at: float | None = None
         while not self._stop.is_set():
-            left = end - time.monotonic()
+            now = time.monotonic()
+            if arrival_at is not None and now >= arrival_at:
+                arrival_at = None
+                self._on_arrival()
+                continue
+            left = end - now
             if left <= 0:
-                return
+                return  # an arrival still waiting for its floor: the tick evaluates it
+            timeout = min(left, 0.1) if arrival_at is None else min(left, arrival_at - now)
             try:
-                work, future = self._calls.get(timeout=min(left, 0.1))
+                work, future = self._calls.get(timeout=max(timeout, 0.0))
             except queue.Empty:
                 continue
+            if work is ARRIVAL:
+                arrival_at = max(now, self._last_arrival + self.settings.arrival_floor)
+                continue
             _run_one(work, future)
+
+    def _data_arrived(self) -> None:
+        """From the receiver's or the scraper's thread: wake the loop once per arrival spell
+        (a flag, so a burst of pushes queues one wake-up, not one each)."""
+        if not self._arrival_pending.is_set():
+            self._arrival_pending.set()
+            self._calls.put((ARRIVAL, None))
+
+    def _on_arrival(self) -> None:
+        """The `on_arrival` rules on what has just arrived, and the ladder in the same step:
+        a push every 0.5 s no longer waits up to a second for the tick (docs/app-latency.md,
+        "How fast"). The rest (collection, other rules, accounts) stays on the tick."""
+        self._arrival_pending.clear()
+        self._last_arrival = time.monotonic()
+        now_ns, mono_ns = self.clock.wall_ns(), self.clock.mono_ns()
+        try:
+            samples = self.app_latency.collect(now_ns)
+        except Exception as exc:
+            self._collector_errors["app_latency"] = f"{exc.__class__.__name__}: {exc}"
+            log.warning("collector app_latency failed: %s", exc)
+            return
+        if not samples:
+            return
+        self._enqueue(samples)
+        self.windows.add(samples, now_ns=now_ns)
+        self.arrival_evaluations += 1
+        self.engine.evaluate(now_ns, mono_ns,
+                             arrived=frozenset(s.measurement for s in samples))
+        firing = self.engine.firing()
+        if not any(i.policy for i in firing):
+            return  # nothing for the ladder to climb (or to hold): the tick does the rest
+        try:
+            self.attributor.tick(now_ns, firing)
+        except Exception:
+            log.exception("attribution failed")
+        try:
+            self.ladder.tick(now_ns, firing, mono_ns)
+        except Exception:
+            log.exception("escalation ladder failed")
 
     # -- one tick ------------------------------------------------------------------------
 
@@ -385,6 +444,9 @@ class Agent:
                 work, future = self._calls.get_nowait()
             except queue.Empty:
                 return
+            if work is ARRIVAL:
+                self._arrival_pending.clear()  # this tick collects and evaluates it
+                continue
             _run_one(work, future)
 
     def tick(self, now_ns: int | None = None) -> None:
@@ -637,7 +699,8 @@ class Agent:
             "loop", ok=not problem, reason=problem,
             details={"ticks": self.ticks, "interval_s": self.settings.interval,
                      "last_tick_age_s": None if age is None else round(age, 3),
-                     "consecutive_failures": self.tick_failures}))
+                     "consecutive_failures": self.tick_failures,
+                     "arrival_evaluations": self.arrival_evaluations}))
 
     def _thread_fields(self, status: ComponentStatus) -> ComponentStatus:
         """The supervisor's view of the threads behind a component: down means not ok."""

@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     data_dir: Path = Path("data")
     listen: str = "127.0.0.1:8080"
     interval: Duration = Field(1.0, gt=0, description="collection and evaluation tick")
+    arrival_floor: Duration = Field(
+        0.1, ge=0, description="rules with `on_arrival` are evaluated when new data for them "
+                               "arrives (a push, a scrape), at most this often; 0: only on "
+                               "the tick")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     store: StoreConfig = Field(default_factory=StoreConfig)
     incidents: IncidentsConfig = Field(default_factory=IncidentsConfig)

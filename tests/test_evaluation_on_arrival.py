@@ -1,0 +1,95 @@
+"""Evaluation on arrival (docs/app-latency.md, "How fast"): a rule marked `on_arrival` is
+evaluated as pushed data lands, at most every `arrival_floor`, and its policy acts in that same
+evaluation; the agent process is real, its tick 30 s apart so that only the arrival path can
+have acted in the seconds the test waits."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from test_agent_e2e import AgentProcess
+from test_app_latency_e2e import stop
+
+from sloguard.detector.registry import DetectorRegistry
+from sloguard.detector.rules import RuleFileError, load_rule_file
+
+TOKEN = "arrival-token-7c2e"
+RULE = """\
+      - alert: {name}
+        expr: app_slo
+        field: latency_ratio
+        aggregate: last
+        window: 1m
+        detector: slo_latency
+        params: {{target: 1}}
+        for: 0s
+        severity: warning
+        policy: guard{extra}
+"""
+RULES = "groups:\n  - name: fast\n    rules:\n" + RULE.format(
+    name="OnArrival", extra="\n        on_arrival: true") + RULE.format(name="OnTick", extra="")
+POLICY = "policies:\n  - name: guard\n    steps:\n      - step: notify\n"
+
+
+def test_a_push_is_judged_and_acted_on_before_the_next_tick(tmp_path, sloguard_bin):
+    (tmp_path / "token").write_text(TOKEN)
+    (tmp_path / "rules.yaml").write_text(RULES)
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    config = tmp_path / "sloguard.yaml"
+    config.write_text(
+        "node_name: arrival\n"
+        "interval: 30s\n"
+        "arrival_floor: 100ms\n"
+        "collectors: {cgroups: {enabled: false}}\n"
+        f"rules: {{paths: ['{tmp_path / 'rules.yaml'}']}}\n"
+        f"actuators: {{policies: ['{tmp_path / 'policy.yaml'}']}}\n"
+        f"app_latency: {{receive: {{enabled: true, token_file: '{tmp_path / 'token'}'}}}}\n"
+        "slos:\n  - {service: web, latency_ms: 100, window: 5s}\n")
+    agent = AgentProcess(sloguard_bin, config, tmp_path / "data", tmp_path / "agent.log")
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    slow = json.dumps({"observations": [{"service": "web", "latency_ms": [300.0] * 20}]})
+    try:
+        agent.wait_for(lambda: agent.get("/readyz").json()["components"], 30, "ready")
+        started = time.monotonic()
+        pushes = 0
+        while time.monotonic() - started < 2.0:  # pushed as fast as one client can
+            assert httpx.post(f"{agent.url}/api/v1/observations", content=slow,
+                              headers=auth, timeout=10).status_code == 200
+            pushes += 1
+        [fired] = agent.wait_for(lambda: agent.incidents(state="firing"), 3,
+                                 "the on_arrival rule never fired between ticks")
+        elapsed = time.monotonic() - started
+        assert fired["rule"] == "OnArrival"  # OnTick waits for the tick, 30 s away
+        actions = agent.get("/api/actions").json()["actions"]
+        assert [a["kind"] for a in actions] == ["notify"]  # the ladder acted in that step
+        loop = next(c for c in agent.get("/readyz").json()["components"]
+                    if c["name"] == "loop")
+        evaluations = loop["details"]["arrival_evaluations"]
+        print(f"\n{pushes} pushes in 2 s, {evaluations} evaluations on arrival")
+        assert pushes > 25  # many more pushes than the floor lets through
+        assert 1 <= evaluations <= elapsed / 0.1 + 2  # at most one per 100 ms
+    finally:
+        stop(agent)
+
+
+@pytest.mark.parametrize("change, message", [
+    (("detector: slo_latency\n        params: {target: 1}",
+      "detector: ewma\n        params: {fading_factor: 0.1}"),
+     "on_arrival: detector 'ewma' learns from each evaluation"),
+    (("for: 0s\n        severity: warning\n        policy: guard\n        on_arrival",
+      "for: 0s\n        for_evaluations: {crossed: 2, of: 3}\n        severity: warning\n"
+      "        policy: guard\n        on_arrival"),
+     "for_evaluations \\(a count of evaluations\\) would mean something else"),
+    (("  - name: fast\n", "  - name: fast\n    interval: 10s\n"),
+     "the group is evaluated every 10s, not on each tick"),
+])
+def test_on_arrival_is_refused_where_it_would_change_what_a_rule_means(tmp_path, change,
+                                                                        message):
+    path = tmp_path / "r.yaml"
+    assert change[0] in RULES
+    path.write_text(RULES.replace(*change))
+    with pytest.raises(RuleFileError, match=message):
+        load_rule_file(path, DetectorRegistry(use_entry_points=False).check)
