@@ -364,9 +364,22 @@ class Changes:
                 current = read_value(Path(record["file"]))
             except OSError:
                 current = None
-            if current is not None and norm(current) == norm(record["wrote"]):
-                self.records.append(record)
+            if current is None or norm(current) != norm(record["wrote"]):
+                continue
+            why = self.guard.refusal(parts_of(cgroup))
+            if why and not self.ctx.dry_run:
+                # an LS workload has appeared in or under it since (a besteffort QoS cgroup
+                # that now holds an LS-labelled pod): what we wrote there is put back now, not
+                # held until the lever ends (a standing lever never does)
+                restored = undo_writes(self.ctx, "", "", [record])
+                self.lines.append(f"{cgroup}: {why}: restored ({restored.detail})")
+                if restored.status == FAILED:
+                    self.failures.append(f"{cgroup}: {why}: cannot restore it")
+                    self.records.append(record)  # still ours to undo
                 touched.add(record["file"])
+                continue
+            self.records.append(record)
+            touched.add(record["file"])
 
     def result(self, target: str, what: str, refused: list[str],
                extra: dict[str, Any] | None = None) -> StepResult:

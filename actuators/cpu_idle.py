@@ -40,6 +40,7 @@ WHAT = "SCHED_IDLE / minimum weight for BE"
 class CpuIdle:
     kind: ClassVar[str] = "cpu_idle"
     per_workload: ClassVar[bool] = True  # targets ctx.be_workloads(): `target: suspects`
+    can_stand: ClassVar[bool] = True  # its value needs no measurement: a policy's `standing:`
 
     def __init__(self, params: dict[str, Any], env: ActuatorEnv) -> None:
         reject_unknown(params, {"mode", "scope"}, self.kind)

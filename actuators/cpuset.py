@@ -74,6 +74,7 @@ def ordered_for_reservation(cpus: list[int], sys_cpu: Path = SYS_CPU) -> list[in
 class Cpuset:
     kind: ClassVar[str] = "cpuset"
     per_workload: ClassVar[bool] = True  # targets ctx.be_workloads(): `target: suspects`
+    can_stand: ClassVar[bool] = True  # its value needs no measurement: a policy's `standing:`
 
     def __init__(self, params: dict[str, Any], env: ActuatorEnv) -> None:
         reject_unknown(params, {"ls_cpus", "reserve"}, self.kind)

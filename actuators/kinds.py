@@ -82,10 +82,13 @@ class StepFactory:
         kind(dict(spec.params), self.env)
 
     def cannot_stand(self, kind: str) -> str | None:
-        """Why a step kind cannot be a policy's standing lever: only the cgroup levers that
-        act on BE workloads one by one (and so reach each new one as it appears) can."""
-        if not getattr(self.type_of(kind), "per_workload", False):
-            return (f"{kind} cannot stand: only a cgroup lever that acts on each BE workload "
-                    "(cpu_idle, cpuset, cpu_quota, memory_limit, resctrl) is kept in force at "
-                    "all times")
+        """Why a step kind cannot be a policy's standing lever: only a lever that acts on BE
+        workloads one by one (and so reaches each new one as it appears) and whose value needs
+        no measurement (`can_stand`) can; cpu_quota and memory_limit follow BE's usage, so a
+        standing one would rewrite its files on every tick."""
+        step = self.type_of(kind)
+        if not getattr(step, "per_workload", False) or not getattr(step, "can_stand", False):
+            return (f"{kind} cannot stand: only a lever that acts on each BE workload with a "
+                    "value it needs no measurement for (cpu_idle, cpuset, resctrl) is kept in "
+                    "force at all times")
         return None

@@ -88,6 +88,7 @@ class Ladder(StandingLevers):
         self.open_incidents = open_incidents
         self.cause_present = cause_present  # Engine.cause_present: BE still busy?
         self._kept: set[str] = set()  # policies whose levers the cause keeps (logged once)
+        self._standing_due: dict[tuple[str, int], int] = {}  # a standing undo's back-off
         self.errors: dict[str, str] = {}  # policy name -> why it cannot run
         self._held: set[tuple[str, int]] = set()  # (policy, rung) held for stale evidence
         self._quiet: set[tuple[str, int]] = set()  # (policy, rung) held while recovering
@@ -399,10 +400,17 @@ class Ladder(StandingLevers):
                 self.ledger.end_episode(name)
             return
         if cause:
-            if name not in self._kept:
-                self._kept.add(name)
-                log.info("policy %s: the interference ended under its levers and its cause "
-                         "(BE work) is still present: the levers stay until it is gone", name)
+            # the local levers that hold BE down stay; what reaches beyond the node (cordon,
+            # capacity, eviction's record) comes down as before, one per undo_hold
+            if self._local(rows[-1]):
+                if name not in self._kept:
+                    self._kept.add(name)
+                    log.info("policy %s: the interference ended under its levers and its "
+                             "cause (BE work) is still present: the levers on BE stay until "
+                             "it is gone", name)
+                return
+            if now_ns >= self._undo_due.get(name, 0):
+                self._descend_one(name, policy, rows, now_ns)
             return
         if self._kept:
             self._kept.discard(name)
@@ -412,6 +420,13 @@ class Ladder(StandingLevers):
         if now_ns < self._undo_due.get(name, 0):
             return
         self._descend_one(name, policy, rows, now_ns)
+
+    def _local(self, row: RungState) -> bool:
+        """A rung whose lever acts on BE workloads on this node (per_workload): what keeps
+        the cause of an interference down while it runs."""
+        spec = StepSpec.model_validate(row.spec or {"step": row.kind})
+        return row.status in (DONE, PROPOSED) and bool(
+            getattr(self._step_or_none(spec), "per_workload", False))
 
     def _lift_all(self, name: str, policy: Policy | None, rows: list[RungState],
                   now_ns: int) -> None:
@@ -708,6 +723,11 @@ class Ladder(StandingLevers):
         ctx = self._context(row.incident, row.dry_run or row.status == PROPOSED, now_ns, reason)
         recorded = {k: v for k, v in row.undo.items() if k not in ("_undo_attempts",
                                                                      TARGETS_KEY)}
+        if not is_standing(row.policy) and recorded.get("writes"):
+            # a file a standing lever holds stays as it is, whatever this rung's params or
+            # target: the standing lever is undone from its own record when it goes
+            held = self._standing_files(row.kind)
+            recorded["writes"] = [w for w in recorded["writes"] if w.get("file") not in held]
 
         def work() -> StepResult:
             if row.status == DONE and others:

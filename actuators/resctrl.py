@@ -121,6 +121,7 @@ def _kernel_has_resctrl() -> bool:
 class Resctrl:
     kind: ClassVar[str] = "resctrl"
     per_workload: ClassVar[bool] = True  # targets ctx.be_workloads(): `target: suspects`
+    can_stand: ClassVar[bool] = True  # its value needs no measurement: a policy's `standing:`
 
     def __init__(self, params: dict[str, Any], env: ActuatorEnv) -> None:
         reject_unknown(params, {"group", "l3_percent", "mb_percent"}, self.kind)

@@ -38,6 +38,16 @@ def is_standing(ledger_policy: str) -> bool:
     return ledger_policy.startswith(STANDING)
 
 
+def _error_key(key: tuple[str, int]) -> str:
+    """Where a standing lever's trouble shows (the ladder's errors, /readyz): one per lever."""
+    return f"{key[0]}#{key[1] + 1}"
+
+
+def _key_of(error_key: str) -> tuple[str, int]:
+    policy, _, number = error_key.rpartition("#")
+    return policy, int(number) - 1 if number.isdigit() else -1
+
+
 class StandingLevers:
     """A mixin of the Ladder (actuators/ladder.py): it shares its write-ahead apply, its
     settling in the ledger and its undo, which keeps what two holders hold."""
@@ -53,21 +63,34 @@ class StandingLevers:
                 continue
             want = wanted.get(key)
             if want is None or (row.spec or {}) != want[1].record():
+                wanted.pop(key, None)  # applied anew once the old one is off
+                if now_ns < self._standing_due.get(key, 0):
+                    continue  # its undo failed: tried again after its back-off
                 why = (f"the standing {row.kind} of policy {row.policy[len(STANDING):]} is "
                        + ("no longer configured" if want is None else "configured anew"))
                 try:
-                    self._undo(row, now_ns, why)
-                except Exception as exc:  # tried again on the next tick
-                    self.errors[row.policy] = f"{why}: undo failed: {exc}"[:500]
+                    done = self._undo(row, now_ns, why)
+                except Exception as exc:
+                    done = False
                     log.exception("%s: undo failed", why)
-                wanted.pop(key, None)  # applied anew once the old one is off
+                    self.errors[_error_key(key)] = f"{why}: undo failed: {exc}"[:500]
+                if done is False:
+                    attempts = int(row.undo.get("_undo_attempts", 1))
+                    self._standing_due[key] = now_ns + backoff_ns(attempts)
+                    self.errors.setdefault(_error_key(key), f"{why}: its undo failed; "
+                                                            "tried again after a back-off")
+                else:
+                    self._standing_due.pop(key, None)
+                    self.errors.pop(_error_key(key), None)
+        for key in [k for k in self.errors if is_standing(k)]:
+            if (k := _key_of(key)) not in wanted and k not in rows:
+                del self.errors[key]  # gone with its lever
         for key, (name, spec) in wanted.items():
             try:
                 self._stand_one(key, name, spec, rows.get(key), now_ns)
-                self.errors.pop(key[0], None)
             except Exception as exc:  # one lever's trouble must not stop the ladder
-                self.errors[key[0]] = (f"standing {spec.step} of policy {name!r}: "
-                                       f"{exc.__class__.__name__}: {exc}")[:500]
+                self.errors[_error_key(key)] = (f"standing {spec.step} of policy {name!r}: "
+                                                f"{exc.__class__.__name__}: {exc}")[:500]
                 log.exception("policy %s: the standing %s failed", name, spec.step)
 
     def _stand_one(self: Any, key: tuple[str, int], name: str, spec: StepSpec,
@@ -76,10 +99,19 @@ class StandingLevers:
         records nothing of; only a change (a new BE workload, a value someone reset, a first
         apply, a failure) reaches the ledger and the audit."""
         dry_run = self.dry_run or spec.dry_run
-        if row is not None and row.status == FAILED and now_ns < row.retry_ns:
+        if row is not None and row.retry_ns and now_ns < row.retry_ns:
+            return  # failed: tried again after its back-off
+        if row is not None and row.status == DONE and not row.dry_run and dry_run:
+            # dry-run switched on while it is in force: like a ladder rung, it stays as it is
+            # (a dry re-apply would record it as proposed and lose what undo needs)
             return
         reason = f"standing lever of policy {name}: kept in force on every BE workload"
         result, keep = self._attempt(key[0], Rung(key[1], spec), None, dry_run, now_ns, reason)
+        if result.status == FAILED or "not done:" in result.detail:
+            self.errors[_error_key(key)] = (f"standing {spec.step} of policy {name!r}: "
+                                            f"{result.detail}")[:500]
+        else:
+            self.errors.pop(_error_key(key), None)
         if row is not None and keep and result.status == row.status and \
                 result.undo == row.undo and row.dry_run == dry_run:
             return  # nothing announced (`keep`: no intent of its own to end), as it was
@@ -90,9 +122,7 @@ class StandingLevers:
                 now_ns
             self._settle(row, None, "apply", result, reason, now_ns, put=row, keep_intent=keep)
             return
-        retry_ns = 0
-        if result.status == FAILED:
-            retry_ns = now_ns + backoff_ns(attempts)
+        retry_ns = now_ns + backoff_ns(attempts) if result.status == FAILED else 0
         new = RungState(key[0], key[1], spec.step, result.status, "", dry_run, result.undo,
                         row.applied_ns if row is not None and row.status == result.status
                         else now_ns, attempts, retry_ns, spec.record(), result.target, now_ns)
@@ -101,6 +131,12 @@ class StandingLevers:
         self._settle(new, None, "apply", result, reason, now_ns, put=new, keep_intent=keep)
         if result.status == SKIPPED and (row is None or row.status != SKIPPED):
             log.info("policy %s: standing %s: %s", name, spec.step, result.detail)
+
+    def _standing_files(self: Any, kind: str) -> set[str]:
+        """The files standing levers of this kind hold now (in force, for real)."""
+        return {str(w.get("file")) for row in self.ledger.rungs()
+                if is_standing(row.policy) and row.kind == kind and row.status == DONE
+                and not row.dry_run for w in row.undo.get("writes", [])}
 
     def _standing_holds(self: Any, spec: StepSpec, dry_run: bool) -> str:
         """The standing lever that already holds what a ladder rung of `spec` would do: the

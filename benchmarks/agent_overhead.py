@@ -8,11 +8,18 @@ cgroups (the fixed cost of the process) and a fixed pure-Python workload (a CPU-
 and reports ratios against both.
 
     sudo .venv/bin/python benchmarks/agent_overhead.py [--cgroups 100] [--seconds 60]
+        [--push-every 0.1]
+
+With `--push-every P`, a service pushes latency observations every P seconds to the loaded
+agent, which is measured twice more: with the shipped rules evaluated on arrival (issue #23:
+`arrival_floor` 100 ms) and with `arrival_floor: 0` (the tick only); their ratio is what
+evaluation on arrival costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -20,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -91,8 +99,37 @@ def _yardstick() -> float:
     return time.process_time() - start
 
 
-def run_agent(config: Path, seconds: float, label: str) -> dict[str, float]:
+PUSH_TOKEN = "bench-token"
+
+
+def _pusher(port: int, every: float, stop: threading.Event,
+            failed: list[str]) -> threading.Thread:
+    """A service pushing 50 observations every `every` seconds, half of them over its SLO
+    (so the interference rules have something to judge)."""
+    body = json.dumps({"observations": [{"service": "bench", "latency_ms": [
+        1.0 if i % 2 else 300.0 for i in range(50)]}]}).encode()
+
+    def run() -> None:
+        while not stop.wait(every):
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/api/v1/observations", data=body, method="POST",
+                headers={"Authorization": f"Bearer {PUSH_TOKEN}",
+                         "Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(request, timeout=5).read()
+            except OSError as exc:  # counted and reported: a push that failed cost nothing
+                failed.append(str(exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_agent(config: Path, seconds: float, label: str,
+              push_every: float = 0.0) -> dict[str, float]:
     data = Path(tempfile.mkdtemp(prefix="sloguard-bench-data-"))
+    stop = threading.Event()
+    failed: list[str] = []
     port = _free_port()
     binary = shutil.which("sloguard", path=str(Path(sys.executable).parent))
     proc = subprocess.Popen(
@@ -111,6 +148,8 @@ def run_agent(config: Path, seconds: float, label: str) -> dict[str, float]:
                     raise SystemExit(f"{label}: the agent did not start") from None
                 time.sleep(0.2)
         agent = psutil.Process(proc.pid)
+        if push_every:
+            _pusher(port, push_every, stop, failed)
         print(f"[{label}] warming up 10 s", file=sys.stderr, flush=True)
         time.sleep(10)
         cpu0, wall0 = agent.cpu_times(), time.monotonic()
@@ -125,7 +164,14 @@ def run_agent(config: Path, seconds: float, label: str) -> dict[str, float]:
         written = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                       if line.startswith("sloguard_samples_written_total"))
         cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+        ready = json.loads(urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/readyz").read().decode())
+        loop = next(c for c in ready["components"] if c["name"] == "loop")
+        if failed:
+            print(f"[{label}] {len(failed)} pushes failed, e.g. {failed[0]}", file=sys.stderr)
         return {
+            "pushes_failed": len(failed),
+            "arrival_evaluations": loop["details"].get("arrival_evaluations", 0),
             "cpu_percent": 100 * cpu / (wall1 - wall0),
             "cpu_per_tick_ms": 1000 * cpu / (wall1 - wall0),
             "rss_mb": agent.memory_info().rss / 1e6,
@@ -133,6 +179,7 @@ def run_agent(config: Path, seconds: float, label: str) -> dict[str, float]:
             "samples_written": written,
         }
     finally:
+        stop.set()
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         shutil.rmtree(data, ignore_errors=True)
@@ -142,6 +189,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cgroups", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--push-every", type=float, default=0.0,
+                        help="also measure evaluation on arrival under pushes this often (s)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("creating cgroups needs root")
@@ -154,14 +203,29 @@ def main() -> None:
             "collectors:\n  cgroups:\n"
             f"    include: [{cgroups.prefix}]\n"
             "    declare:\n"
-            f"      - {{path: '{cgroups.prefix}/cg0*', class: LS}}\n"
-            f"      - {{path: '{cgroups.prefix}/cg[1-9]*', class: BE}}\n"
+            # one LS cgroup in ten, the rest BE (the names run cg000-cg099: `cg0*` was every
+            # one of them, and no BE at all until #23)
+            f"      - {{path: '{cgroups.prefix}/cg??0', class: LS}}\n"
+            f"      - {{path: '{cgroups.prefix}/cg??[1-9]', class: BE}}\n"
         )
         idle = work / "idle.yaml"
         idle.write_text("collectors:\n  cgroups:\n    include: []\n")
         yard_before = _yardstick()
         with_cgroups = run_agent(loaded, args.seconds, f"{args.cgroups} cgroups")
         without = run_agent(idle, args.seconds, "no cgroups")
+        arrival: dict[str, dict[str, float]] = {}
+        if args.push_every:
+            token = work / "token"
+            token.write_text(PUSH_TOKEN)
+            for floor in ("100ms", "0s"):
+                pushed = work / f"pushed-{floor}.yaml"
+                pushed.write_text(
+                    loaded.read_text() + f"arrival_floor: {floor}\n"
+                    f"app_latency: {{receive: {{enabled: true, token_file: '{token}'}}}}\n"
+                    "slos:\n  - {service: bench, latency_ms: 100, window: 2s}\n")
+                arrival[floor] = run_agent(pushed, args.seconds,
+                                           f"pushes every {args.push_every:g} s, "
+                                           f"arrival_floor {floor}", args.push_every)
         yard = (yard_before + _yardstick()) / 2
     finally:
         cgroups.remove()
@@ -178,6 +242,17 @@ def main() -> None:
     print(f"| CPU per tick / yardstick ({yard * 1000:.1f} ms) | "
           f"{with_cgroups['cpu_per_tick_ms'] / 1000 / yard:.2f} | "
           f"{without['cpu_per_tick_ms'] / 1000 / yard:.2f} | |")
+    if arrival:
+        on, off = arrival["100ms"], arrival["0s"]
+        print(f"\npushes every {args.push_every:g} s to the {args.cgroups}-cgroup agent:\n")
+        print("| metric | on arrival (100 ms floor) | tick only | ratio |")
+        print("|---|---|---|---|")
+        for key, unit in (("cpu_percent", "% of one core"), ("rss_max_mb", "MB RSS max"),
+                          ("arrival_evaluations", "evaluations on arrival"),
+                          ("pushes_failed", "pushes failed")):
+            a, b = on[key], off[key]
+            print(f"| {unit} | {a:.2f} | {b:.2f} | "
+                  f"{f'{a / b:.2f}x' if b else '-'} |")
     ok_cpu = with_cgroups["cpu_percent"] < 2.0
     ok_rss = with_cgroups["rss_max_mb"] < 100
     print(f"\ntarget <2% of a core: {'met' if ok_cpu else 'NOT met'}; "

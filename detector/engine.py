@@ -91,9 +91,9 @@ class Engine(AlertLifecycle):
     save_error: str = ""  # why the last save failed, while incidents wait to be saved
     # the agent's own open events by name (RulesInvalid); None until read from the store
     _events: dict[str, Incident] | None = None
-    # rule key -> (its policy, whether its `and:` conditions hold now): the cause its policy's
-    # levers answer (cause_present)
-    _causes: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    # rule key -> (its policy, whether its `and:` conditions hold now, None: no data): the
+    # cause its policy's levers answer (cause_present)
+    _causes: dict[str, tuple[str, bool | None]] = field(default_factory=dict)
 
     def cause_present(self, policy: str) -> bool | None:
         """Whether the cause a policy's levers answer is still there: the `and:` conditions
@@ -101,7 +101,9 @@ class Engine(AlertLifecycle):
         None when no loaded rule driving it has such a condition: nothing tells "the lever
         works" from "the cause is gone" then (docs/actuators.md, "The end of an episode")."""
         held = [holds for name, holds in self._causes.values() if name == policy]
-        return any(held) if held else None
+        if any(held):
+            return True
+        return False if held and all(h is False for h in held) else None
 
     def close(self) -> None:
         """End the detector worker's thread (an agent stopped in-process, a backtest done)."""
@@ -156,6 +158,7 @@ class Engine(AlertLifecycle):
                 continue
             hung = self._hung.get(rule.key)
             if hung is not None and hung[0] == rule.spec and (mono < hung[1] or hung[2].stuck):
+                self._causes.pop(rule.key, None)  # not judged: it tells nothing of the cause
                 continue  # cut off recently, or its code still runs: not tried meanwhile
             self._due[rule.key] = mono + interval
             started = time.perf_counter()
@@ -163,6 +166,7 @@ class Engine(AlertLifecycle):
                 values = self._values(rule, now_ns)
                 self._step_rule(rule, values, now_ns)
             except Exception as exc:  # one broken rule must not stop the others
+                self._causes.pop(rule.key, None)
                 status.error = f"{exc.__class__.__name__}: {exc}"
                 log.warning("rule %s failed: %s", rule.key, status.error)
                 self.on_evaluation(rule.key, "error")
@@ -276,12 +280,14 @@ class Engine(AlertLifecycle):
         if failures:
             self._series_errors[rule.key] = (f"{len(failures)} series failed, e.g. "
                                              f"{failures[0]}")[:500]
-        holds, cause, notes = True, True, []
+        holds, notes = True, []
+        cause: bool | None = True
         for (kind, _, condition), judged in zip(rule.spec.conditions, judged_all[1:],
                                                 strict=True):
             crossed = len(judged.crossed)
             holds = holds and (crossed > 0 if kind == "and" else crossed == 0)
-            cause = cause and (crossed > 0 or kind != "and")
+            if kind == "and":
+                cause = _and(cause, _still_there(judged))
             notes.append(f"{'unless ' if kind == 'unless' else ''}{condition.expr} "
                          f"{condition.field}: {crossed} of {len(judged.inputs)} series crossed")
         if rule.spec.policy and rule.spec.and_:
@@ -359,3 +365,19 @@ class Engine(AlertLifecycle):
         return sum(1 for _, _, worker in self._hung.values() if worker.stuck)
 
 
+def _still_there(judged: Judged) -> bool | None:
+    """Whether a condition's cause is still there: a series not yet back past its recover
+    bound (the hysteresis: BE at 0.15 cores, between `recover_below: 0.1` and `above: 0.2`,
+    still runs); None when no series had a value (a collector down is not "BE stopped")."""
+    values = [v for v in judged.inputs.values() if not math.isnan(v)]
+    if not values:
+        return None
+    return any(not judged.verdict(s).recovered for s, v in judged.inputs.items()
+               if not math.isnan(v))
+
+
+def _and(a: bool | None, b: bool | None) -> bool | None:
+    """Three-valued and: gone when any part is gone, unknown when any is unknown."""
+    if a is False or b is False:
+        return False
+    return None if a is None or b is None else True

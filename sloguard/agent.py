@@ -339,7 +339,10 @@ class Agent:
             now = time.monotonic()
             if arrival_at is not None and now >= arrival_at:
                 arrival_at = None
-                self._on_arrival()
+                try:
+                    self._on_arrival()
+                except Exception:  # the loop must survive it, as it survives a tick
+                    log.exception("evaluation on arrival failed")
                 continue
             left = end - now
             if left <= 0:
@@ -445,12 +448,14 @@ class Agent:
             except queue.Empty:
                 return
             if work is ARRIVAL:
-                self._arrival_pending.clear()  # this tick collects and evaluates it
-                continue
+                continue  # this tick collects and evaluates it
             _run_one(work, future)
 
     def tick(self, now_ns: int | None = None) -> None:
         started = time.perf_counter()
+        # what has arrived so far is this tick's: the next arrival wakes the loop again (the
+        # flag must never stay set with no wake-up queued, or arrivals stop waking it)
+        self._arrival_pending.clear()
         self._run_calls()
         now_ns = now_ns or self.clock.wall_ns()
         mono_ns = self.clock.mono_ns()

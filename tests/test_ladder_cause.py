@@ -4,9 +4,26 @@ same tick once the cause is gone, and the old one-per-undo_hold descent where no
 
 from __future__ import annotations
 
-from test_ladder import CALLS, POLICY, Harness, Mark, _clean  # noqa: F401 - the fixture
+import pytest
+from test_ladder import (  # noqa: F401 - _clean: the fixture
+    CALLS,
+    POLICY,
+    Harness,
+    LeverA,
+    LeverB,
+    Mark,
+    _clean,
+)
 
 UNDONE_ALL = [("undo", n, False) for n in ("last", "cpuset", "cpu_idle", "second", "first")]
+
+
+@pytest.fixture(autouse=True)
+def _local_levers(monkeypatch):
+    """The suppress step's two levers act on BE workloads (per_workload), as cpu_idle and
+    cpuset do; the marks around them stand for cordon and the other steps beyond the node."""
+    monkeypatch.setattr(LeverA, "per_workload", True, raising=False)
+    monkeypatch.setattr(LeverB, "per_workload", True, raising=False)
 
 
 def _climbed(tmp_path, policy: str = POLICY) -> tuple[Harness, dict[str, bool | None]]:
@@ -26,10 +43,12 @@ def test_levers_stay_while_the_cause_is_present_and_all_go_when_it_is_gone(tmp_p
     h, cause = _climbed(tmp_path)
     for second in range(31, 700, 7):  # LS recovered under the levers, BE still runs
         h.tick(second, [])
-    assert CALLS == []  # not one lifted (no relapse probe either)
+    # what reaches beyond the node comes down as before; the levers on BE stay (no relapse
+    # probe either)
+    assert CALLS == [("undo", "last", False)]
     cause["now"] = False  # BE stopped
     h.tick(701, [])
-    assert CALLS == UNDONE_ALL  # in one tick, in reverse
+    assert CALLS == UNDONE_ALL  # the rest in one tick, in reverse
     assert h.ledger.rungs() == [] and h.ledger.episode("guard") is None
 
 

@@ -149,6 +149,28 @@ def test_a_restarted_agent_carries_on_and_undoes_it_when_dropped(node, tmp_path)
     assert node.idle() == {"antagonist": "0", "napper": "0", "steady": "0"}
 
 
+def test_a_cgroup_that_comes_to_hold_an_ls_workload_is_put_back_at_once(node):
+    """A standing lever never ends: what it wrote where an LS workload has appeared since (a
+    besteffort QoS cgroup that now holds an LS-labelled pod) must not wait for its end."""
+    _quiet(node, 0)
+    child = node.real.create("be-steady/ls-child")
+    node.inventory.append(workload(child, "LS"))
+    _quiet(node, 1)
+    assert node.idle() == {"antagonist": "1", "napper": "1", "steady": "0"}
+    [row] = node.ledger.rungs()
+    assert not any(w["cgroup"].endswith("be-steady") for w in row.undo["writes"])
+    assert "holds the LS workload" in node.ledger.audit_log()[0].detail
+
+
+def test_dry_run_switched_on_leaves_it_in_force_and_on_record(node):
+    _quiet(node, 0)
+    [before] = node.ledger.rungs()
+    node.ladder.dry_run = True
+    _quiet(node, 1)
+    assert node.ledger.rungs() == [before]  # not turned into a proposal
+    assert node.idle() == {"antagonist": "1", "napper": "1", "steady": "1"}
+
+
 def test_in_dry_run_it_is_proposed_and_nothing_is_written(node):
     node.ladder.dry_run = True
     _quiet(node, 0)
@@ -166,6 +188,9 @@ def test_in_dry_run_it_is_proposed_and_nothing_is_written(node):
 @pytest.mark.parametrize("text, message", [
     ("    standing:\n      - step: cordon\n",
      r"p.yaml:5:\d+: policies.0.standing.0.step: cordon cannot stand"),
+    ("    standing:\n      - step: cpu_quota\n",  # follows usage: rewritten every tick
+     r"policies.0.standing.0.step: cpu_quota cannot stand: only a lever that acts on each BE "
+     r"workload with a value it needs no measurement for"),
     ("    standing:\n      - step: cpu_idle\n        after: 5s\n",
      r"a standing lever is always in force on the whole BE tier, so it has no after"),
     ("    standing:\n      - step: cpu_idle\n        target: suspects\n",

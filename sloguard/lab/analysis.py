@@ -199,13 +199,13 @@ def in_force(actions: list[dict[str, Any]], at_s: float) -> list[str]:
     """Mitigating rungs applied (or proposed) before `at_s` and not undone by then."""
     held: dict[tuple[Any, Any], str] = {}
     for a in actions:
-        if a["t"] >= at_s or a["kind"] not in MITIGATING or a["status"] not in (
-                *ACTED, "undone"):
+        if a["t"] >= at_s or a["kind"] not in MITIGATING or (a["status"] not in (
+                *ACTED, "undone") and not (a["action"] == "undo" and a["status"] == "skipped")):
             continue
         key = (a.get("policy"), a.get("rung"), a["kind"])
         if a["action"] == "apply":
             held[key] = a["kind"]
-        else:
+        else:  # undone, or skipped: the rung let go, another holder keeps the lever
             held.pop(key, None)
     return list(held.values())
 
