@@ -39,7 +39,7 @@ from typing import Any
 
 from sloguard.actuators.ledger import AuditEntry, Descent, Intent, Ledger, RungState
 from sloguard.actuators.policy import Policy, PolicySet, Rung, StepSpec
-from sloguard.actuators.standing import StandingLevers, is_standing
+from sloguard.actuators.standing import STANDING_HELD, StandingLevers, is_standing
 from sloguard.actuators.step import (
     DONE,
     FAILED,
@@ -362,13 +362,15 @@ class Ladder(StandingLevers):
             result = self._apply(policy, rung, driver, now_ns, 1, reason)
             no_effect = None
             previous = f"right after {rung.spec.step}"
-            if rung.lever_group is not None and (
+            held = result.status == SKIPPED and STANDING_HELD in result.undo
+            if rung.lever_group is not None and not held and (
                     result.status == SKIPPED or (result.status == FAILED and not result.retry)):
                 no_effect = rung.lever_group
                 previous = f"{rung.spec.step} {result.status}: no effect to wait for"
             elif rung.lever_group is not None:
-                # in force, or failed and retried soon: the retry must not land on top of the
-                # next lever in the middle of its hold
+                # in force (a standing lever too: the next one waits its hold, as if this
+                # rung had just put it on), or failed and retried soon: the retry must not
+                # land on top of the next lever in the middle of its hold
                 lever_groups.add(rung.lever_group)
             base, k = now_ns, k + 1
 

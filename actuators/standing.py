@@ -30,6 +30,7 @@ from sloguard.actuators.step import DONE, FAILED, PROPOSED, SKIPPED, StepResult,
 
 log = logging.getLogger(__name__)
 
+STANDING_HELD = "_standing"  # in a skipped rung's record: the standing lever holds it
 STANDING = "standing:"  # the ledger's policy name for a policy's standing levers: a prefix no
 #                         policy name can take (names are [A-Za-z0-9_.-])
 
@@ -152,6 +153,11 @@ class StandingLevers:
         return ""
 
     def _standing_result(self: Any, spec: StepSpec, holder: str) -> StepResult:
+        """Skipped, but in force: the next lever waits its hold from here, as if this rung had
+        just put the lever on (it is the episode's first chance to show whether it is enough;
+        measured: without the hold the ladder went straight to cpuset at firing and BE kept
+        39% instead of 68%, docs/lab.md)."""
         return StepResult(SKIPPED, f"node/{self.node}",
                           f"{spec.step}: already in force as a standing lever of policy "
-                          f"{holder}: nothing to add, no hold to wait")
+                          f"{holder}: nothing to add; its hold runs from here",
+                          {STANDING_HELD: holder})

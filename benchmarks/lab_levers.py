@@ -29,16 +29,28 @@ from typing import Any
 import numpy as np
 
 from sloguard.actuators.cpu_idle import CpuIdle
+from sloguard.actuators.cpu_quota import CpuQuota
 from sloguard.actuators.cpuset import Cpuset
 from sloguard.actuators.env import ActuatorEnv
 from sloguard.actuators.ledger import Ledger
+from sloguard.actuators.memory_limit import MemoryLimit
 from sloguard.actuators.step import DONE, Step, StepContext
 from sloguard.lab.agent import BE_CGROUP, LS_CGROUP
 from sloguard.lab.antagonists import Antagonist
 from sloguard.lab.scenario import BeSpec, LsSpec
 from sloguard.lab.way import LabStage
 
-LEVERS = {"cpu_idle": CpuIdle, "cpuset": Cpuset}  # with the shipped policy's params (none)
+# the shipped policy's levers with its params (none); and the memory antagonist's candidates
+# (#23): a CFS quota leaving BE 70% of the node minus what LS uses, with the default 100 ms
+# period and a finer 10 ms one, and a hard memory limit below the vm workers' 2 GiB (v1 has no
+# memory.high: the limit makes the kernel reclaim BE's pages as it churns)
+LEVERS: dict[str, tuple[type, dict[str, Any]]] = {
+    "cpu_idle": (CpuIdle, {}),
+    "cpuset": (Cpuset, {}),
+    "quota": (CpuQuota, {"threshold_percent": 70, "min_cores": 0.5}),
+    "quota_fine": (CpuQuota, {"threshold_percent": 70, "min_cores": 0.5, "period_us": 10_000}),
+    "memory_limit": (MemoryLimit, {"min_bytes": "1536MiB"}),
+}
 NODE = "sloguard-lab"
 Held = list[tuple[Step, StepContext, dict[str, Any]]]
 
@@ -54,7 +66,8 @@ def hold(levers: list[str], workdir: Path) -> Held:
                   "workload": "stress-ng"}]
     held: Held = []
     for name in levers:
-        step = LEVERS[name]({}, env)
+        kind, params = LEVERS[name]
+        step = kind(dict(params), env)
         if (why := step.available()) is not None:
             raise SystemExit(f"{name} cannot be held here: {why}")
         ctx = StepContext(NODE, time.time_ns(), False, "lab-levers",

@@ -87,13 +87,17 @@ def test_a_standing_lever_is_in_force_without_an_incident_and_reaches_each_new_b
 
 def test_the_ladder_starts_from_it_and_never_lifts_it(node):
     _quiet(node, 0)
-    node.tick(1)  # an episode: its cpu_idle rung is already in force, so cpu_quota follows
+    node.tick(1)  # an episode: its cpu_idle rung is already in force: skipped, and its hold
+    node.tick(10)  # runs from there (it is the episode's first chance to show it is enough)
     actions = node.incidents.get("inc-1").actions
-    assert [(a.step, a.status) for a in actions] == [("cpu_idle", "skipped"),
-                                                     ("cpu_quota", "done")]
+    assert [(a.step, a.status) for a in actions] == [("cpu_idle", "skipped")]
     assert "already in force as a standing lever of policy guard" in actions[0].detail
+    assert _quota(node, "antagonist") == "-1"
+    node.tick(11)  # still over its objective after the hold: the next lever
+    assert [(a.step, a.status) for a in node.incidents.get("inc-1").actions][1:] == [
+        ("cpu_quota", "done")]
     assert _quota(node, "antagonist") != "-1"
-    for second in (2, 12, 22, 32):  # the episode ends: the ladder comes all the way down
+    for second in (12, 22, 32, 42):  # the episode ends: the ladder comes all the way down
         node.tick(second, firing=False)
     assert _quota(node, "antagonist") == "-1"
     assert node.idle() == {"antagonist": "1", "napper": "1", "steady": "1"}
