@@ -76,6 +76,7 @@ class Ladder(StandingLevers):
         open_incidents: Callable[[], list[Incident]] = lambda: [],
         background: bool = False,
         cause_present: Callable[[str], bool | None] = lambda policy: None,
+        confirm: Callable[[str], bool] = lambda policy: True,
     ) -> None:
         self.node = node
         self.policies = policies
@@ -87,6 +88,9 @@ class Ladder(StandingLevers):
         self.dry_run = dry_run
         self.open_incidents = open_incidents
         self.cause_present = cause_present  # Engine.cause_present: BE still busy?
+        # Agent.confirm_interference: the policy's rules judged again on fresh BE samples
+        # right before a lever goes on (the last ones may predate the antagonist's end)
+        self.confirm = confirm
         self._kept: set[str] = set()  # policies whose levers the cause keeps (logged once)
         self._standing_due: dict[tuple[str, int], int] = {}  # a standing undo's back-off
         self.errors: dict[str, str] = {}  # policy name -> why it cannot run
@@ -355,6 +359,8 @@ class Ladder(StandingLevers):
                                 policy.name, rung.spec.step, policy.spec.stale_after)
                 return
             self._held.discard((policy.name, k))
+            if rows and rung.spec.step != "notify" and not self._confirmed(policy.name):
+                return  # an escalation, and the interference ended since the last samples
             driver = self._driver(crossing)
             since = (now_ns + self._skew - (driver.fired_ns or driver.started_ns)) / 1e9
             reason = (f"{driver.rule} firing for {since:.0f}s; {previous}; rung "
@@ -373,6 +379,17 @@ class Ladder(StandingLevers):
                 # land on top of the next lever in the middle of its hold
                 lever_groups.add(rung.lever_group)
             base, k = now_ns, k + 1
+
+    def _confirmed(self, name: str) -> bool:
+        try:
+            confirmed = bool(self.confirm(name))
+        except Exception:  # the check's own trouble must not hold the levers back
+            log.exception("policy %s: confirming the interference failed", name)
+            return True
+        if not confirmed:
+            log.info("policy %s: not acting: on fresh samples the interference is over "
+                     "(its cause gone, or LS back within its objective)", name)
+        return confirmed
 
     @staticmethod
     def _driver(incidents: list[Incident]) -> Incident:

@@ -133,6 +133,19 @@ class StandingLevers:
         if result.status == SKIPPED and (row is None or row.status != SKIPPED):
             log.info("policy %s: standing %s: %s", name, spec.step, result.detail)
 
+    def release_standing(self: Any, now_ns: int) -> None:
+        """The agent is stopping: its standing levers go with it, so that a node whose agent
+        was removed is not left with BE at the lowest priority and nobody to keep or lift it
+        (a crash leaves them on record instead: the next run adopts them). A rolling update
+        leaves BE without them for the seconds between the two agents."""
+        for row in self.ledger.rungs():
+            if not is_standing(row.policy) or row.status not in (DONE, PROPOSED):
+                continue
+            try:
+                self._undo(row, now_ns, "the agent is stopping: its standing levers go with it")
+            except Exception:
+                log.exception("%s: cannot lift its standing %s at stop", row.policy, row.kind)
+
     def _standing_files(self: Any, kind: str) -> set[str]:
         """The files standing levers of this kind hold now (in force, for real)."""
         return {str(w.get("file")) for row in self.ledger.rungs()

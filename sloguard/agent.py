@@ -49,6 +49,7 @@ from sloguard.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 ARRIVAL = object()  # in the loop's call queue: data has arrived for the on_arrival rules
+CONFIRM_S = 0.1  # confirm_interference: BE's fresh sample covers at least this long
 
 RULE_RELOAD_S = 10.0
 MAINTAIN_S = 60.0
@@ -84,6 +85,11 @@ class Agent:
         self._arrival_pending = threading.Event()
         self._last_arrival = -math.inf
         self.arrival_evaluations = 0
+        # confirm_interference: when the cgroups were last collected (monotonic), and each
+        # policy's last answer for that collection
+        self._cgroups_mono = -math.inf
+        self._confirmed: dict[str, float] = {}
+        self._confirmed_as: dict[str, bool] = {}
         if self.app_latency is not None and settings.arrival_floor > 0:
             self.app_latency.on_arrival = self._data_arrived
         self._collector_errors: dict[str, str] = {}
@@ -185,6 +191,7 @@ class Agent:
             background=True,  # API calls never hold up collection and evaluation
             # BE still busy after an episode: its levers stay (the engine is built after)
             cause_present=lambda policy: self.engine.cause_present(policy),
+            confirm=self.confirm_interference,
         )
 
     def _per_workload(self, kind: str) -> bool:
@@ -287,6 +294,11 @@ class Agent:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self._thread is None or not self._thread.is_alive():  # the loop's alone till then
+            try:
+                self.ladder.release_standing(self.clock.wall_ns())
+            except Exception:
+                log.exception("lifting the standing levers at stop failed")
         if self.pods is not None:
             self.pods.stop()
         for collector in self.collectors:  # detaches eBPF programs, closes held files, joins
@@ -363,6 +375,35 @@ class Agent:
         if not self._arrival_pending.is_set():
             self._arrival_pending.set()
             self._calls.put((ARRIVAL, None))
+
+    def confirm_interference(self, policy: str) -> bool:
+        """Right before a lever goes on: the cgroups collected again (at least 100 ms after
+        the last collection, so the sample covers no second before it) and the rules driving
+        the policy judged on them. The tick's BE samples cover the second before; an
+        antagonist that stopped within it still looked busy, and the ladder acted 0.8 s after
+        its end (docs/lab.md). Once per tick and policy at most; a rung every 10 s at most."""
+        if self.cgroups is None:
+            return True
+        now = time.monotonic()
+        if self._confirmed.get(policy) == self._cgroups_mono:
+            return self._confirmed_as.get(policy, True)
+        wait = self._cgroups_mono + CONFIRM_S - now
+        if wait > 0:
+            time.sleep(wait)
+        now_ns, mono_ns = self.clock.wall_ns(), self.clock.mono_ns()
+        samples = self.cgroups.collect(now_ns)
+        self._cgroups_mono = time.monotonic()
+        self._enqueue(samples)
+        self.windows.add(samples, now_ns=now_ns)
+        driving = frozenset(rule.spec.selector.measurement for rule in self.rules.rules
+                            if rule.spec.policy == policy and rule.spec.on_arrival)
+        if driving:
+            self.engine.evaluate(now_ns, mono_ns, arrived=driving)
+        held = any(i.policy == policy and i.quiet_since_ns is None
+                   for i in self.engine.firing()) and \
+            self.engine.cause_present(policy) is not False
+        self._confirmed[policy], self._confirmed_as[policy] = self._cgroups_mono, held
+        return held
 
     def _on_arrival(self) -> None:
         """The `on_arrival` rules on what has just arrived, and the ladder in the same step:
@@ -469,6 +510,8 @@ class Agent:
                 log.warning("collector %s failed: %s", collector.name, exc)
                 continue
             self._collector_errors.pop(collector.name, None)
+            if collector is self.cgroups:
+                self._cgroups_mono = time.monotonic()
             self.metrics.collection_duration.labels(collector.name).observe(
                 time.perf_counter() - t0)
             self.metrics.samples_collected.labels(collector.name).inc(len(samples))

@@ -93,3 +93,74 @@ def test_on_arrival_is_refused_where_it_would_change_what_a_rule_means(tmp_path,
     path.write_text(RULES.replace(*change))
     with pytest.raises(RuleFileError, match=message):
         load_rule_file(path, DetectorRegistry(use_entry_points=False).check)
+
+
+CONFIRM_RULES = """\
+groups:
+  - name: fast
+    rules:
+      - alert: Slow
+        expr: lat
+        field: p99
+        aggregate: last
+        window: 10s
+        params: {above: 10}
+        on_arrival: true
+        policy: guard
+        and:
+          - expr: container_cpu{class="BE"}
+            field: usage_cores
+            aggregate: last
+            window: 3s
+            params: {above: 0.2, recover_below: 0.1}
+"""
+
+
+def test_a_lever_waits_for_be_busy_on_a_sample_taken_after_the_last_tick(tmp_path, real_cgroups):
+    """Agent.confirm_interference on this machine's real cgroups: the tick's BE sample still
+    shows a BE that has just stopped as busy; the sample taken at least 100 ms later does not,
+    and the rule judged on it no longer crosses (the ladder then holds its next rung)."""
+    from sloguard.agent import Agent
+    from sloguard.core.samples import Sample
+    from sloguard.settings import load_settings
+
+    be = real_cgroups.create("be")
+    real_cgroups.create("ls")
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "r.yaml").write_text(CONFIRM_RULES)
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"node_name: confirm\ndata_dir: {tmp_path / 'data'}\n"
+        f"rules: {{paths: ['{tmp_path / 'rules'}']}}\n"
+        f"actuators: {{policies: ['{tmp_path / 'policy.yaml'}']}}\n"
+        "collectors:\n  node: {enabled: false}\n"
+        f"  cgroups:\n    include: [{real_cgroups.prefix}]\n    declare:\n"
+        f"      - {{path: '{be}', class: BE}}\n"
+        f"      - {{path: '{real_cgroups.prefix}/ls', class: LS}}\n")
+    agent = Agent(load_settings(config).settings)
+    try:
+        agent._reload_rules()
+        hog = real_cgroups.spawn(be)
+
+        def tick() -> None:
+            now = time.time_ns()
+            agent.windows.add([Sample("lat", {"node": "confirm"}, {"p99": 50.0}, now)])
+            agent.tick(now)
+
+        for _ in range(3):  # BE's CPU needs two readings for a rate
+            tick()
+            time.sleep(0.3)
+        assert [i.rule for i in agent.engine.firing()] == ["Slow"]
+        assert agent.confirm_interference("guard") is True  # BE still busy, read afresh
+        tick()
+        hog.kill()
+        hog.wait()
+        # the tick's sample still covers BE's last busy moments...
+        assert agent.engine.cause_present("guard") is True
+        # ...the one taken now does not
+        assert agent.confirm_interference("guard") is False
+        # judged on it, the rule no longer crosses (here, without recover_for, it resolved)
+        assert not [i for i in agent.engine.firing() if i.quiet_since_ns is None]
+    finally:
+        agent.stop()

@@ -428,18 +428,21 @@ def test_interference_climbs_the_shipped_ladder_and_every_rung_is_undone(
                                                                 "cpu.cfs_quota_us")}
     besteffort_cpu = CPU_V1 / "kubepods" / "besteffort"
     besteffort_cpuset = CPUSET_V1 / "kubepods" / "besteffort"
-    idle_before = (besteffort_cpu / "cpu.idle").read_text().strip()
+    # the shipped policy's standing SCHED_IDLE, on the kubelet's besteffort QoS cgroup as soon
+    # as a BE pod sits there, before any interference (docs/actuators.md, "Standing levers")
+    node.wait("the standing SCHED_IDLE on the besteffort QoS cgroup", lambda: (
+        besteffort_cpu / "cpu.idle").read_text().strip() == "1", timeout=30)
     cpus_before = (besteffort_cpuset / "cpuset.cpus").read_text().strip()
-    assert idle_before == "0"
     protected_pod = besteffort_cpuset / f"pod{node.pods('batch')['be-protected'].metadata.uid}"
     protected_before = _cpusets(protected_pod)
     assert len(protected_before) >= 2, protected_before  # the pod's, and its containers'
     client_thread = RedisClient(redis_ip, node.agent.base, node.receive_token)
     client_thread.start()
     time.sleep(10)  # the objective's window filled, and the 8 s of LS signal attribution's
-    # co_movement needs at the incident's ranking; BE idle: nothing may fire yet
-    assert not [a for a in node.agent.actions() if a["action"] == "apply"], \
-        "the ladder acted with BE idle"
+    # co_movement needs at the incident's ranking; BE idle: nothing may fire yet (the
+    # standing lever aside)
+    assert not [a for a in node.agent.actions() if a["action"] == "apply"
+                and not a["policy"].startswith("standing:")], "the ladder acted with BE idle"
 
     core.create_namespaced_pod("batch", pod(
         "be-antagonist", "batch", qos_class="BE", grace=5,
@@ -449,10 +452,11 @@ def test_interference_climbs_the_shipped_ladder_and_every_rung_is_undone(
     line = Timeline(start=time.time())
     done: dict[str, dict[str, Any]] = {}
 
-    def applied(kind: str) -> Any:
+    def applied(kind: str, status: str = "done") -> Any:
         for action in node.agent.actions():
             if action["kind"] == kind and action["action"] == "apply" and \
-                    action["status"] == "done" and not action["dry_run"]:
+                    action["status"] == status and not action["dry_run"] and \
+                    not action["policy"].startswith("standing:"):
                 done.setdefault(kind, action)
                 line.rungs.setdefault(kind, _ns_to_s(action["time_ns"]))
                 return action
@@ -462,8 +466,10 @@ def test_interference_climbs_the_shipped_ladder_and_every_rung_is_undone(
         f"pod{node.pods('batch')['be-antagonist'].metadata.uid}"
     antagonist_before = _cpusets(antagonist_pod)
     assert len(antagonist_before) >= 2, antagonist_before  # the pod's, and its containers'
-    node.wait("SCHED_IDLE applied", lambda: applied("cpu_idle"), timeout=60)
-    assert (besteffort_cpu / "cpu.idle").read_text().strip() == "1"  # the kubelet's QoS cgroup
+    # the ladder's SCHED_IDLE rung finds it standing: skipped, its hold runs from there
+    stood = node.wait("the cpu_idle rung skipped: SCHED_IDLE stands", lambda: applied(
+        "cpu_idle", "skipped"), timeout=60)
+    assert "already in force as a standing lever" in stood["detail"], stood["detail"]
     # cpuset at `target: suspects`: the first suspect's pod alone, its containers with it,
     # never the QoS cgroup that holds the innocent pod too
     first = node.wait("cpuset applied", lambda: applied("cpuset"), timeout=60)
@@ -534,8 +540,9 @@ def test_interference_climbs_the_shipped_ladder_and_every_rung_is_undone(
                 return action
         return None
 
-    for kind in ("reduce_capacity", "cordon", "cpuset", "cpu_idle"):
+    for kind in ("reduce_capacity", "cordon", "cpuset"):
         node.wait(f"{kind} undone", lambda kind=kind: undone(kind), timeout=180)
+    assert (besteffort_cpu / "cpu.idle").read_text().strip() == "1"  # it stands
     client_thread.stop_event.set()
     client_thread.join(timeout=10)
 
@@ -545,7 +552,7 @@ def test_interference_climbs_the_shipped_ladder_and_every_rung_is_undone(
     status = node.node()
     assert not status.spec.unschedulable
     assert _cpu(status.status.allocatable[BATCH_CPU]) == _cpu(NODE_BATCH[BATCH_CPU])
-    assert (besteffort_cpu / "cpu.idle").read_text().strip() == idle_before
+    assert (besteffort_cpu / "cpu.idle").read_text().strip() == "1"  # standing
     assert (besteffort_cpuset / "cpuset.cpus").read_text().strip() == cpus_before
     node.wait("the protected pod's cpusets back", lambda: _cpusets(protected_pod) ==
               protected_before, timeout=60)
@@ -558,8 +565,11 @@ def test_interference_climbs_the_shipped_ladder_and_every_rung_is_undone(
     # Nothing done twice across the restart, and the LS pod never touched.
     applies = [a for a in node.agent.actions() if a["action"] == "apply"
                and a["status"] == "done" and not a["dry_run"]]
-    counts = {kind: sum(a["kind"] == kind for a in applies) for kind in RUNGS}
-    assert counts == {**dict.fromkeys(RUNGS, 1), "cpuset": 2}, counts  # suspect #1, the rest
+    counts = {kind: sum(a["kind"] == kind and not a["policy"].startswith("standing:")
+                        for a in applies) for kind in RUNGS}
+    # suspect #1, then the rest; SCHED_IDLE only as the standing lever
+    assert counts == {**dict.fromkeys(RUNGS, 1), "cpuset": 2, "cpu_idle": 0}, counts
+    assert {a["kind"] for a in applies if a["policy"].startswith("standing:")} == {"cpu_idle"}
     for action in node.agent.actions():
         assert "redis" not in action["target"] and redis.metadata.uid not in action["target"]
     assert "shop/redis (LS)" in evict["detail"]  # considered, and protected as LS

@@ -94,3 +94,26 @@ def test_without_a_cause_or_with_keep_while_cause_false_one_rung_per_undo_hold(t
     for second in (31, 35, 41):
         h2.tick(second, [])
     assert [c[1] for c in CALLS] == ["last", "cpuset"]
+
+
+def test_an_escalation_waits_for_the_interference_confirmed_on_fresh_samples(tmp_path):
+    """Agent.confirm_interference: BE's last sample may predate the antagonist's end; the next
+    lever goes on only when the rules judged on fresh samples still say so (the first rung,
+    at firing, is not held back)."""
+    h = Harness(tmp_path)
+    confirmed = {"now": False}
+    asked: list[str] = []
+
+    def confirm(name: str) -> bool:
+        asked.append(name)
+        return confirmed["now"]
+
+    h.ladder.confirm = confirm
+    incident = h.incident(0)
+    h.tick(0, [incident])
+    assert [c[1] for c in CALLS] == ["first"] and asked == []
+    h.tick(10, [incident])  # the second rung is due: on fresh samples it is over
+    assert [c[1] for c in CALLS] == ["first"] and asked == ["guard"]
+    confirmed["now"] = True
+    h.tick(11, [incident])
+    assert [c[1] for c in CALLS] == ["first", "second"]

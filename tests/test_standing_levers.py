@@ -166,6 +166,16 @@ def test_a_cgroup_that_comes_to_hold_an_ls_workload_is_put_back_at_once(node):
     assert "holds the LS workload" in node.ledger.audit_log()[0].detail
 
 
+def test_an_agent_that_stops_takes_its_standing_levers_with_it(node):
+    (node.cpu / node.be["steady"] / "cpu.shares").write_text("2048")
+    _quiet(node, 0)
+    node.ladder.release_standing(node_time(1))
+    assert node.idle() == {"antagonist": "0", "napper": "0", "steady": "0"}
+    assert (node.cpu / node.be["steady"] / "cpu.shares").read_text().strip() == "2048"
+    assert node.ledger.rungs() == []
+    assert "the agent is stopping" in node.ledger.audit_log()[0].reason
+
+
 def test_dry_run_switched_on_leaves_it_in_force_and_on_record(node):
     _quiet(node, 0)
     [before] = node.ledger.rungs()
