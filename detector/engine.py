@@ -94,6 +94,10 @@ class Engine(AlertLifecycle):
     # rule key -> (its policy, whether its `and:` conditions hold now, None: no data): the
     # cause its policy's levers answer (cause_present)
     _causes: dict[str, tuple[str, bool | None]] = field(default_factory=dict)
+    # rule keys whose own signal crossed at their last evaluation while an `and:` condition
+    # did not hold (LS over its objective, BE not yet seen busy): the agent's evaluation on
+    # arrival reads those conditions' signals afresh then (Agent._on_arrival)
+    held_back: set[str] = field(default_factory=set)
 
     def cause_present(self, policy: str) -> bool | None:
         """Whether the cause a policy's levers answer is still there: the `and:` conditions
@@ -295,6 +299,10 @@ class Engine(AlertLifecycle):
         else:
             self._causes.pop(rule.key, None)
         main = judged_all[0]
+        if main.crossed and not holds and rule.spec.and_:
+            self.held_back.add(rule.key)
+        else:
+            self.held_back.discard(rule.key)
         # Only series that crossed, have an alert, or count evaluations can change state: the
         # thousands that are quiet are not stepped one by one.
         counting = {s for (k, s) in self._history if k == rule.key}

@@ -423,8 +423,22 @@ class Agent:
         self._enqueue(samples)
         self.windows.add(samples, now_ns=now_ns)
         self.arrival_evaluations += 1
-        self.engine.evaluate(now_ns, mono_ns,
-                             arrived=frozenset(s.measurement for s in samples))
+        arrived = frozenset(s.measurement for s in samples)
+        self.engine.evaluate(now_ns, mono_ns, arrived=arrived)
+        waiting = {rule.key for rule in self.rules.rules if rule.spec.on_arrival
+                   and rule.key in self.engine.held_back}
+        if waiting and self.cgroups is not None and \
+                time.monotonic() - self._cgroups_mono >= CONFIRM_S:
+            # LS over its objective, BE not seen busy on the tick's samples (up to a second
+            # old): the cgroups read afresh and the rule judged again, so that a BE that has
+            # just started is seen now, not at the next tick (the lab's first lever came
+            # 0.8 s after the antagonist's start, most of it waiting for that sample)
+            now_ns, mono_ns = self.clock.wall_ns(), self.clock.mono_ns()
+            fresh = self.cgroups.collect(now_ns)
+            self._cgroups_mono = time.monotonic()
+            self._enqueue(fresh)
+            self.windows.add(fresh, now_ns=now_ns)
+            self.engine.evaluate(now_ns, mono_ns, arrived=arrived)
         firing = self.engine.firing()
         if not any(i.policy for i in firing):
             return  # nothing for the ladder to climb (or to hold): the tick does the rest

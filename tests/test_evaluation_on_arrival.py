@@ -164,3 +164,49 @@ def test_a_lever_waits_for_be_busy_on_a_sample_taken_after_the_last_tick(tmp_pat
         assert not [i for i in agent.engine.firing() if i.quiet_since_ns is None]
     finally:
         agent.stop()
+
+
+def test_a_be_that_starts_between_ticks_is_seen_on_arrival(tmp_path, real_cgroups):
+    """LS over its objective arrives, BE is not busy on the tick's samples: the cgroups are
+    read afresh in that same evaluation, and a BE that has just started makes the rule fire
+    there, not at the next tick."""
+    from sloguard.agent import Agent
+    from sloguard.core.samples import Sample
+    from sloguard.settings import load_settings
+
+    be = real_cgroups.create("be")
+    real_cgroups.create("ls")
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "r.yaml").write_text(CONFIRM_RULES)
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"node_name: arrival\ndata_dir: {tmp_path / 'data'}\n"
+        f"rules: {{paths: ['{tmp_path / 'rules'}']}}\n"
+        f"actuators: {{policies: ['{tmp_path / 'policy.yaml'}']}}\n"
+        f"app_latency: {{receive: {{enabled: true, token: {TOKEN}}}}}\n"
+        "collectors:\n  node: {enabled: false}\n"
+        f"  cgroups:\n    include: [{real_cgroups.prefix}]\n    declare:\n"
+        f"      - {{path: '{be}', class: BE}}\n"
+        f"      - {{path: '{real_cgroups.prefix}/ls', class: LS}}\n")
+    agent = Agent(load_settings(config).settings)
+    try:
+        agent._reload_rules()
+
+        def slow() -> None:  # as the receiver hands a push over
+            agent.app_latency._push([Sample("lat", {"node": "arrival"}, {"p99": 50.0},
+                                            time.time_ns())])
+
+        for _ in range(2):
+            slow()
+            agent.tick()
+            time.sleep(0.2)
+        assert agent.engine.firing() == [] and agent.engine.held_back == {"fast/Slow"}
+        hog = real_cgroups.spawn(be)
+        time.sleep(0.3)
+        slow()
+        agent._on_arrival()
+        assert [i.rule for i in agent.engine.firing()] == ["Slow"]
+        hog.kill()
+    finally:
+        agent.stop()
