@@ -116,12 +116,10 @@ groups:
 """
 
 
-def test_a_lever_waits_for_be_busy_on_a_sample_taken_after_the_last_tick(tmp_path, real_cgroups):
-    """Agent.confirm_interference on this machine's real cgroups: the tick's BE sample still
-    shows a BE that has just stopped as busy; the sample taken at least 100 ms later does not,
-    and the rule judged on it no longer crosses (the ladder then holds its next rung)."""
+def _cgroup_agent(tmp_path, real_cgroups, node: str, extra: str = ""):
+    """An agent in this process on real BE and LS cgroups, CONFIRM_RULES and POLICY loaded;
+    the BE cgroup's path beside it."""
     from sloguard.agent import Agent
-    from sloguard.core.samples import Sample
     from sloguard.settings import load_settings
 
     be = real_cgroups.create("be")
@@ -131,16 +129,26 @@ def test_a_lever_waits_for_be_busy_on_a_sample_taken_after_the_last_tick(tmp_pat
     (tmp_path / "policy.yaml").write_text(POLICY)
     config = tmp_path / "c.yaml"
     config.write_text(
-        f"node_name: confirm\ndata_dir: {tmp_path / 'data'}\n"
+        f"node_name: {node}\ndata_dir: {tmp_path / 'data'}\n"
         f"rules: {{paths: ['{tmp_path / 'rules'}']}}\n"
-        f"actuators: {{policies: ['{tmp_path / 'policy.yaml'}']}}\n"
+        f"actuators: {{policies: ['{tmp_path / 'policy.yaml'}']}}\n" + extra +
         "collectors:\n  node: {enabled: false}\n"
         f"  cgroups:\n    include: [{real_cgroups.prefix}]\n    declare:\n"
         f"      - {{path: '{be}', class: BE}}\n"
         f"      - {{path: '{real_cgroups.prefix}/ls', class: LS}}\n")
     agent = Agent(load_settings(config).settings)
+    agent._reload_rules()
+    return agent, be
+
+
+def test_a_lever_waits_for_be_busy_on_a_sample_taken_after_the_last_tick(tmp_path, real_cgroups):
+    """Agent.confirm_interference on this machine's real cgroups: the tick's BE sample still
+    shows a BE that has just stopped as busy; the sample taken at least 100 ms later does not,
+    and the rule judged on it no longer crosses (the ladder then holds its next rung)."""
+    from sloguard.core.samples import Sample
+
+    agent, be = _cgroup_agent(tmp_path, real_cgroups, "confirm")
     try:
-        agent._reload_rules()
         hog = real_cgroups.spawn(be)
 
         def tick() -> None:
@@ -170,29 +178,11 @@ def test_a_be_that_starts_between_ticks_is_seen_on_arrival(tmp_path, real_cgroup
     """LS over its objective arrives, BE is not busy on the tick's samples: the cgroups are
     read afresh in that same evaluation, and a BE that has just started makes the rule fire
     there, not at the next tick."""
-    from sloguard.agent import Agent
     from sloguard.core.samples import Sample
-    from sloguard.settings import load_settings
 
-    be = real_cgroups.create("be")
-    real_cgroups.create("ls")
-    (tmp_path / "rules").mkdir()
-    (tmp_path / "rules" / "r.yaml").write_text(CONFIRM_RULES)
-    (tmp_path / "policy.yaml").write_text(POLICY)
-    config = tmp_path / "c.yaml"
-    config.write_text(
-        f"node_name: arrival\ndata_dir: {tmp_path / 'data'}\n"
-        f"rules: {{paths: ['{tmp_path / 'rules'}']}}\n"
-        f"actuators: {{policies: ['{tmp_path / 'policy.yaml'}']}}\n"
-        f"app_latency: {{receive: {{enabled: true, token: {TOKEN}}}}}\n"
-        "collectors:\n  node: {enabled: false}\n"
-        f"  cgroups:\n    include: [{real_cgroups.prefix}]\n    declare:\n"
-        f"      - {{path: '{be}', class: BE}}\n"
-        f"      - {{path: '{real_cgroups.prefix}/ls', class: LS}}\n")
-    agent = Agent(load_settings(config).settings)
+    agent, be = _cgroup_agent(tmp_path, real_cgroups, "arrival",
+                              f"app_latency: {{receive: {{enabled: true, token: {TOKEN}}}}}\n")
     try:
-        agent._reload_rules()
-
         def slow() -> None:  # as the receiver hands a push over
             agent.app_latency._push([Sample("lat", {"node": "arrival"}, {"p99": 50.0},
                                             time.time_ns())])

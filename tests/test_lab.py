@@ -515,9 +515,17 @@ def test_short_lab_run_shows_the_guardrail_working(tmp_path: Path) -> None:
     if measurable:
         assert unguarded.episode_p99_ms > 1.5 * base.episode_p99_ms
         assert guarded.episode_p99_ms < unguarded.episode_p99_ms
+    # the shipped policy keeps SCHED_IDLE standing on BE (docs/lab.md, "Standing SCHED_IDLE"):
+    # in force before the antagonist starts, so the episode is protected from its first second;
+    # in the unguarded way (shadow mode) it is only proposed, and nothing at all is done
     [episode] = guarded.episodes
-    assert episode.first_action_s is not None and episode.first_action.endswith("(done)")
-    assert unguarded.episodes[0].first_action.endswith("(proposed)")
+    assert episode.first_action_s == 0.0
+    assert episode.first_action == "cpu_idle (in force at the start)", episode
+    standing = [a for a in guarded.actions if str(a.get("policy")).startswith("standing:")]
+    assert standing and standing[0]["status"] == "done"
+    assert standing[0]["t"] < episode.start_s
+    assert not [a for a in unguarded.actions if a["status"] == "done"], unguarded.actions
+    assert any(a["status"] == "proposed" for a in unguarded.actions)
     assert not any(s.quiet_actions for s in ways.values())
     assert guarded.be_ops_per_s > 0.2 * unguarded.be_ops_per_s
     applied = [a for a in guarded.actions if a["action"] == "apply" and a["status"] == "done"]
