@@ -46,7 +46,10 @@ DEFAULT_WAYS = WAYS[:3]
 ANTAGONISTS: dict[str, list[str]] = {
     "cpu": ["--cpu", "{workers}"],
     "cache": ["--cache", "{workers}"],
-    "stream": ["--stream", "{workers}"],  # memory bandwidth
+    # memory bandwidth: three 512 MiB arrays per worker, past the 480 MiB L3 this VM reports.
+    # stress-ng's own sizing (4x L3 per array) took ~6 GiB per worker here and one bogo-op
+    # per ~10 s, too few in a lab cell to tell BE's throughput apart (benchmarks/lab_levers.py)
+    "stream": ["--stream", "{workers}", "--stream-l3-size", "128M"],
     "io": ["--iomix", "{workers}"],
     "vm": ["--vm", "{workers}", "--vm-bytes", "{vm_bytes}"],
 }
