@@ -93,6 +93,8 @@ class Ladder(StandingLevers):
         self.confirm = confirm
         self._kept: set[str] = set()  # policies whose levers the cause keeps (logged once)
         self._standing_due: dict[tuple[str, int], int] = {}  # a standing undo's back-off
+        # a standing lever's last full check: the BE inventory it saw, and when
+        self._standing_checked: dict[tuple[str, int], tuple[Any, int]] = {}
         self.errors: dict[str, str] = {}  # policy name -> why it cannot run
         self._held: set[tuple[str, int]] = set()  # (policy, rung) held for stale evidence
         self._quiet: set[tuple[str, int]] = set()  # (policy, rung) held while recovering

@@ -8,7 +8,10 @@ every tick of the ladder, not when an incident fires:
 
 - applied to every BE workload the collector knows, within the tick that discovers a new one
   (an apply is idempotent, and a reconcile that changes nothing writes nothing: no ledger row,
-  no audit entry);
+  no audit entry); with the same workloads as at its last check, it is checked again only every
+  STANDING_CHECK (a value someone reset is put back within it): re-reading every BE cgroup's
+  file on every tick was a sixth of the agent's tick (docs/performance.md, "Cost on a node",
+  benchmarks/agent_overhead.py);
 - recorded in the ledger like any rung (policy `standing:<name>`, write-ahead, so a crash
   leaves nothing unknown in force), shown in the UI, /api/policies and /readyz;
 - undone when the configuration drops them (the policy removed, the lever removed or its
@@ -31,6 +34,7 @@ from sloguard.actuators.step import DONE, FAILED, PROPOSED, SKIPPED, StepResult,
 log = logging.getLogger(__name__)
 
 STANDING_HELD = "_standing"  # in a skipped rung's record: the standing lever holds it
+STANDING_CHECK_NS = 5_000_000_000  # a full re-check of a standing lever with no new workload
 STANDING = "standing:"  # the ledger's policy name for a policy's standing levers: a prefix no
 #                         policy name can take (names are [A-Za-z0-9_.-])
 
@@ -106,7 +110,14 @@ class StandingLevers:
             # dry-run switched on while it is in force: like a ladder rung, it stays as it is
             # (a dry re-apply would record it as proposed and lose what undo needs)
             return
+        seen = self._be_inventory()
+        if seen is not None and row is not None and row.status in (DONE, PROPOSED) and \
+                row.dry_run == dry_run and not row.retry_ns and \
+                (checked := self._standing_checked.get(key)) is not None and \
+                checked[0] == seen and 0 <= now_ns - checked[1] < STANDING_CHECK_NS:
+            return  # the same BE workloads as at its last check, a few seconds ago
         reason = f"standing lever of policy {name}: kept in force on every BE workload"
+        self._standing_checked[key] = (seen, now_ns)
         result, keep = self._attempt(key[0], Rung(key[1], spec), None, dry_run, now_ns, reason)
         if result.status == FAILED or "not done:" in result.detail:
             self.errors[_error_key(key)] = (f"standing {spec.step} of policy {name!r}: "
@@ -132,6 +143,17 @@ class StandingLevers:
         self._settle(new, None, "apply", result, reason, now_ns, put=new, keep_intent=keep)
         if result.status == SKIPPED and (row is None or row.status != SKIPPED):
             log.info("policy %s: standing %s: %s", name, spec.step, result.detail)
+
+    def _be_inventory(self: Any) -> frozenset[tuple[tuple[str, str], ...]] | None:
+        """What a standing lever's reach depends on: every workload's tags (a BE one that
+        appears, an LS pod that lands in a BE cgroup; discovery's tags, stable between ticks).
+        None when the inventory cannot be read: the lever is then checked in full."""
+        try:
+            return frozenset(tuple(sorted((str(k), str(v)) for k, v in w.items()))
+                             for w in self.inventory())
+        except Exception:
+            log.debug("the inventory could not be read for the standing levers", exc_info=True)
+            return None
 
     def release_standing(self: Any, now_ns: int) -> None:
         """The agent is stopping: its standing levers go with it, so that a node whose agent
