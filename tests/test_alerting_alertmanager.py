@@ -25,8 +25,9 @@ from sloguard.actuators.alerting.config import AlertingConfig
 from sloguard.core.config import ConfigError
 from sloguard.settings import load_settings
 
-PEER_TIMEOUT = 3.0  # the Alertmanagers' --cluster.peer-timeout (a peer at position n waits n)
-QUIET = 2 * PEER_TIMEOUT + 3.0  # long enough for a second notification to have come
+PEER_TIMEOUT = 2.0  # the Alertmanagers' --cluster.peer-timeout (a peer at position n waits n)
+GROUP_INTERVAL = 5.0  # their routes' (support/alertmanager.py: well above the peer timeout)
+QUIET = 2 * PEER_TIMEOUT + GROUP_INTERVAL + 2  # long enough for a second notification to come
 HOOK_PATH = "/services/T000/B000/AMSECRETHOOK"
 
 

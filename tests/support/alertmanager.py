@@ -36,7 +36,11 @@ def missing_message() -> str:
 
 
 def slack_config(webhook_url: str, group_by: list[str], group_wait: str = "1s",
-                 group_interval: str = "1s", repeat_interval: str = "1h") -> str:
+                 group_interval: str = "5s", repeat_interval: str = "1h") -> str:
+    """One Slack receiver. `group_interval` stays well above the peers' `--cluster.peer-timeout`
+    (2 s here), as in production (5m against 15s): a peer at position 1 sends what its flush
+    saw one peer-timeout later, so with a shorter interval a flush taken just before a resolve
+    arrived is sent after the first peer's resolve notification, as a stale "firing" one."""
     return json.dumps({  # YAML is a superset of JSON
         "route": {"receiver": "slack", "group_by": group_by, "group_wait": group_wait,
                   "group_interval": group_interval, "repeat_interval": repeat_interval},
@@ -48,7 +52,7 @@ def slack_config(webhook_url: str, group_by: list[str], group_wait: str = "1s",
 class AlertmanagerServer(_Server):
     name = "alertmanager"
 
-    def __init__(self, config: str, peer_timeout: str = "3s") -> None:
+    def __init__(self, config: str, peer_timeout: str = "2s") -> None:
         super().__init__()
         self.cluster_port = free_port()
         self.peers: list[str] = []
