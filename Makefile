@@ -6,7 +6,8 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .PHONY: run test install install-test test-deps kube-testenv node-testenv influx-testenv \
-	browser-testenv docker-testenv lab-testenv test-images bcc-setup lint bench lab clean
+	browser-testenv docker-testenv lab-testenv alertmanager-testenv test-images bcc-setup lint \
+	bench lab clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,9 +36,9 @@ bcc-setup: $(VENV)/.installed
 
 ## Servers and binaries the tests talk to: a real Kubernetes node's binaries (kube-testenv, built
 ## from Debian's source package and cached after the first build); and node-testenv: BCC,
-## Debian's influxdb and victoria-metrics (their services are not started), chromium, Docker
-## with a debootstrapped bookworm base image for the image test, stress-ng and redis-server for
-## the interference lab; then test-images. The Kubernetes build and the rest are independent:
+## Debian's influxdb, victoria-metrics and prometheus-alertmanager (their services are not
+## started), chromium, Docker with a debootstrapped bookworm base image for the image test,
+## stress-ng and redis-server for the interference lab; then test-images. The Kubernetes build and the rest are independent:
 ## `make -j2 test-deps` runs them side by side.
 test-deps: kube-testenv node-testenv test-images
 
@@ -48,7 +49,8 @@ kube-testenv:
 	bash scripts/kube-testenv.sh
 
 ## One target per script, so that `make -j2` can overlap them: none needs the venv but BCC's.
-node-testenv: docker-testenv bcc-setup influx-testenv browser-testenv lab-testenv
+node-testenv: docker-testenv bcc-setup influx-testenv browser-testenv lab-testenv \
+	alertmanager-testenv
 
 docker-testenv:
 	bash scripts/docker-testenv.sh
@@ -61,6 +63,9 @@ browser-testenv:
 
 lab-testenv:
 	bash scripts/lab-testenv.sh
+
+alertmanager-testenv:
+	bash scripts/alertmanager-testenv.sh
 
 ## The agent's and the lab workload's images into Docker's layer cache, while the Kubernetes
 ## build still runs: the image test and the node fixture then build from the cache (on a fresh

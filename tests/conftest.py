@@ -376,6 +376,26 @@ def make_influx_server():
         server.close()
 
 
+@pytest.fixture
+def alertmanagers():
+    """Starts HA clusters of Debian's Alertmanager (support/alertmanager.py): `make(count,
+    config)` returns settled peers; every one is killed and removed at the end."""
+    from support.alertmanager import cluster, missing_message
+
+    missing = missing_message()
+    need(not missing, missing)
+    started = []
+
+    def make(count, config, **options):
+        servers = cluster(count, config, **options)
+        started.extend(servers)
+        return servers
+
+    yield make
+    for server in started:
+        server.close()
+
+
 @pytest.fixture(scope="session")
 def victoria_server():
     """Debian's VictoriaMetrics (NOT InfluxDB: it accepts line protocol on /api/v2/write)."""

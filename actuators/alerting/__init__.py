@@ -12,8 +12,13 @@ The pipeline, one file per idea, in the order an alert goes through it:
 - blocks.py      Block Kit messages
 - outbox.py      the on-disk queue the agent loop writes and the senders drain
 - slack.py       delivery with slack-sdk: retries, Retry-After, idempotent posts
+- am_alert.py    an incident as Alertmanager's API v2 takes an alert (receivers of kind
+                 `alertmanager`, which group, silence and notify themselves)
+- am_spool.py    what each Alertmanager URL has been told, on disk
+- alertmanager.py  delivery to Alertmanager: a thread per URL, re-sends, backoff
 - pipeline.py    the composition the agent holds (the ladder's `notifier`)
 
 The agent loop only evaluates groups and appends to the outbox (SQLite, in the same transaction
-as the notification log); one sender thread per receiver delivers. Docs: docs/alerting.md.
+as the notification log); one sender thread per receiver (per URL for Alertmanager) delivers.
+Docs: docs/alerting.md.
 """

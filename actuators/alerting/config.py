@@ -1,12 +1,26 @@
-"""The `alerting` section, as Alertmanager's: receivers (one folder each, Slack today), the
+"""The `alerting` section, as Alertmanager's: receivers (Slack, or a real Alertmanager), the
 routing tree, and inhibition rules.
 """
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+import re
+from typing import Annotated
+from urllib.parse import urlsplit
 
-from sloguard.core.config import Duration, Matchers, Section, secret_sources
+from pydantic import (
+    AfterValidator,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from sloguard.core.config import Duration, Matchers, Section, http_url, secret_sources
+
+# Alertmanager 0.25's label names (model.LabelName.IsValid in its classic mode)
+LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
 class SlackConfig(Section):
@@ -39,9 +53,71 @@ class SlackConfig(Section):
         return self
 
 
+def _alertmanager_url(url: str) -> str:
+    http_url(url)
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        raise ValueError("no credentials in the URL: they would show in logs and "
+                         "`config show`")
+    if parts.query or parts.fragment:
+        raise ValueError("the base URL only, without ?query or #fragment")
+    if parts.path.rstrip("/").endswith("/api/v2/alerts"):
+        raise ValueError("the base URL: /api/v2/alerts is added")
+    return url.rstrip("/")
+
+
+AlertmanagerURL = Annotated[str, AfterValidator(_alertmanager_url)]
+
+
+class AlertmanagerConfig(Section):
+    """A real Alertmanager (API v2): every alert routed here is posted to each URL, as
+    Prometheus does. Alertmanager then groups, silences, inhibits and notifies; an HA cluster's
+    peers each get every alert and agree among themselves who notifies."""
+
+    urls: list[AlertmanagerURL] = Field(
+        min_length=1, description="each peer's base URL, e.g. http://alertmanager-0:9093 "
+                                  "(with its --web.route-prefix, if any); /api/v2/alerts is added")
+    resend_interval: Duration = Field(
+        60.0, gt=0, le=3600, description="firing alerts are posted again this often; each "
+                                         "post is valid for 4 intervals (Prometheus' rule)")
+    timeout: Duration = Field(10.0, gt=0, description="one HTTP request")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="added to every alert (e.g. cluster: prod), as "
+                                          "Prometheus' external_labels; the alert's own win")
+    max_batch: int = Field(64, ge=1, le=1000, description="alerts per request at most")
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        duplicates = sorted({u for u in urls if urls.count(u) > 1})
+        if duplicates:
+            raise ValueError(f"each Alertmanager once: {', '.join(duplicates)}")
+        return urls
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for name, value in labels.items():
+            if not LABEL_NAME.match(name):
+                raise ValueError(f"{name!r} is not a label name Alertmanager takes "
+                                 "([a-zA-Z_][a-zA-Z0-9_]*)")
+            if not value:
+                raise ValueError(f"{name!r} is empty (an empty label is no label)")
+        return labels
+
+
 class ReceiverConfig(Section):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     slack: SlackConfig | None = Field(None, description="none: notifications are dropped")
+    alertmanager: AlertmanagerConfig | None = Field(
+        None, description="post the alerts to Alertmanager, which notifies")
+
+    @model_validator(mode="after")
+    def _one_integration(self) -> ReceiverConfig:
+        if self.slack is not None and self.alertmanager is not None:
+            raise ValueError("one integration per receiver: `slack` or `alertmanager` (make "
+                             "two receivers and route to both with `continue: true`)")
+        return self
 
 
 class RouteConfig(Section):
@@ -55,6 +131,9 @@ class RouteConfig(Section):
     group_interval: Duration | None = Field(None, gt=0)
     repeat_interval: Duration | None = Field(None, gt=0)
     routes: list[RouteConfig] = Field(default_factory=list)
+
+
+GROUPING = ("group_by", "group_wait", "group_interval", "repeat_interval")
 
 
 class InhibitRuleConfig(Section):
@@ -92,11 +171,18 @@ class AlertingConfig(Section):
         if "receivers" not in info.data:
             return route  # the receivers are invalid: that error is the one to read
         names = [r.name for r in info.data["receivers"]]
+        forwarded = {r.name for r in info.data["receivers"] if r.alertmanager is not None}
 
         def check(node: RouteConfig, where: str) -> None:
             if node.receiver and node.receiver not in names:
                 raise ValueError(f"{where}receiver: no receiver named {node.receiver!r} "
                                  f"(receivers: {', '.join(names) or 'none'})")
+            if node.receiver in forwarded and not node.routes:
+                for setting in GROUPING:
+                    if getattr(node, setting) is not None:
+                        raise ValueError(
+                            f"{where}{setting}: receiver {node.receiver!r} is an Alertmanager,"
+                            f" which groups and repeats by its own route: set {setting} there")
             for index, child in enumerate(node.routes):
                 check(child, f"{where}routes.{index}.")
 

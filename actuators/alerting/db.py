@@ -1,5 +1,6 @@
-"""The alerting database: silences, groups, the notification log and the outbox in one SQLite
-file, so that the notification log and the messages it decided to send commit together."""
+"""The alerting database: silences, groups, the notification log, the outbox and what each
+Alertmanager was told in one SQLite file, so that the notification log and the messages it
+decided to send commit together."""
 
 from __future__ import annotations
 
@@ -22,12 +23,13 @@ class AlertDB:
     """
 
     def __init__(self, path: Path) -> None:
-        from sloguard.actuators.alerting import grouping, outbox, silences
+        from sloguard.actuators.alerting import am_spool, grouping, outbox, silences
 
         self.path = Path(path)
         self.lock = threading.RLock()
-        self.conn = open_db(self.path, (silences.SCHEMA, grouping.SCHEMA, outbox.SCHEMA),
-                            "the alerting database", busy_ms=10000, synchronous="FULL")
+        schemas = (silences.SCHEMA, grouping.SCHEMA, outbox.SCHEMA, am_spool.SCHEMA)
+        self.conn = open_db(self.path, schemas, "the alerting database", busy_ms=10000,
+                            synchronous="FULL")
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:

@@ -92,12 +92,16 @@ class Dispatcher:
     stepped while the agent was down delays a flush by at most one interval. Without `mono_ns`
     (tests stepping simulated time) the wall time given is the only clock."""
 
-    def __init__(self, root: Route, groups: list[Group]) -> None:
+    def __init__(self, root: Route, groups: list[Group],
+                 ungrouped: frozenset[str] = frozenset()) -> None:
         self.root = root
         self.routes = {route.id: route for route in root.walk()}
+        # receivers that group by themselves (Alertmanager): their routes make no groups here
+        self.ungrouped = ungrouped
         # groups of a route that is gone (the config changed) or now sends elsewhere are dropped
         self.groups = {g.key: g for g in groups
-                       if g.route in self.routes and self.routes[g.route].receiver == g.receiver}
+                       if g.route in self.routes and self.routes[g.route].receiver == g.receiver
+                       and g.receiver not in ungrouped}
         self.dirty: set[str] = set()
         self.deleted: set[str] = {g.key for g in groups} - set(self.groups)
         self._flush_at: dict[str, int] = {}  # group key -> monotonic time of its next flush
@@ -128,6 +132,8 @@ class Dispatcher:
             if not alert.firing:
                 continue  # a resolved alert stays only in the groups it fired in
             for route in self.root.match(alert.labels):
+                if route.receiver in self.ungrouped:
+                    continue
                 labels = route.group_labels(alert.labels)
                 key = group_key(route, labels)
                 group = self.groups.get(key)

@@ -8,6 +8,11 @@ the hand-over, on disk), and from then on its updates (new actions, escalation, 
 The tick stays off the loop's critical path: it matches, groups and decides in memory, and
 writes to SQLite only when a group changes or flushes (the notification log and the messages
 it decided on in one transaction). Delivery happens on the senders' threads.
+
+Receivers of kind `alertmanager` are not grouped here: the alerts routed to them go to the
+spool (am_spool.py) when they fire, change or resolve, and Alertmanager groups, silences,
+inhibits and notifies. This agent's silences and inhibition rules mute its own Slack receivers
+only (an alert muted before Alertmanager would look resolved to it).
 """
 
 from __future__ import annotations
@@ -17,7 +22,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sloguard.actuators.alerting.alerts import Alert, alert_labels
+from sloguard.actuators.alerting.alertmanager import AlertmanagerSender
+from sloguard.actuators.alerting.alerts import Alert, alert_labels, digest
+from sloguard.actuators.alerting.am_alert import am_alert, resolved_copy
+from sloguard.actuators.alerting.am_spool import Spool, alert_id
 from sloguard.actuators.alerting.blocks import Renderer
 from sloguard.actuators.alerting.config import AlertingConfig, RouteConfig
 from sloguard.actuators.alerting.db import AlertDB
@@ -70,25 +78,47 @@ class Alerting:
         self.root = build_route(config.route or RouteConfig(receiver="-"))
         self.receivers = {r.name: r for r in config.receivers}
         self.renderer = Renderer(external_url, planned)
+        self.external_url = external_url
         self._messages = None
         if registry is not None:
-            self._messages = alerting_metrics(registry, lambda: {
-                name: self.outbox.pending().get(name, 0) for name in self.senders})
-        self.senders = {
+            self._messages = alerting_metrics(registry, self.pending)
+        self.senders: dict[str, Any] = {
             r.name: SlackSender(r.name, r.slack, self.outbox, self._counter(r.name), backoff_s)
             for r in config.receivers if r.slack is not None}
+        # alertmanager receivers: name -> URLs; their alerts go to the spool, not to groups
+        self.forwarded = {r.name: list(r.alertmanager.urls) for r in config.receivers
+                          if r.alertmanager is not None}
+        self._extra_labels = {r.name: dict(r.alertmanager.labels) for r in config.receivers
+                              if r.alertmanager is not None}
+        self.spool = Spool(db)
+        for r in config.receivers:
+            if r.alertmanager is not None:
+                self.senders[r.name] = AlertmanagerSender(
+                    r.name, r.alertmanager, self.spool, self._counter(r.name), backoff_s)
+        self.spool.gc(self.forwarded, time.time_ns())
+        self._posted = self.spool.firing()  # (receiver, incident) -> (alert, digest)
         self.dispatcher = self._load()
         self.handed = {row[0] for row in db.rows("SELECT incident FROM handed")}
         self._seen: dict[str, Incident] = {}
         self._next_gc = time.monotonic() + 60.0
         self.error = ""
+        self.forward_error = ""
 
     @property
     def enabled(self) -> bool:
         return bool(self.config.receivers)
 
     def _load(self) -> Dispatcher:
-        return Dispatcher(self.root, load_groups(self.db.rows("SELECT key, doc FROM groups")))
+        return Dispatcher(self.root, load_groups(self.db.rows("SELECT key, doc FROM groups")),
+                          ungrouped=frozenset(self.forwarded))
+
+    def pending(self) -> dict[str, float]:
+        """Per receiver: Slack messages waiting in the outbox; for an Alertmanager, alerts some
+        URL has not accepted in their latest version."""
+        out: dict[str, float] = {name: 0 for name in self.senders}
+        out.update(self.outbox.pending())
+        out.update(self.spool.pending(self.forwarded))
+        return out
 
     def _counter(self, receiver: str) -> Callable[[str, str], None]:
         def count(kind: str, result: str) -> None:
@@ -131,6 +161,9 @@ class Alerting:
             if incident is not None:
                 alerts[key] = Alert(incident, alert_labels(incident))
         self._seen = {key: alert.incident for key, alert in alerts.items()}
+        if self.forwarded and self._forward(now_ns, alerts, firing):
+            for name in self.forwarded:
+                self.senders[name].wake()
         sources = [(key, alert_labels(i)) for key, i in current.items()]
         muted = {a.key for a in alerts.values() if a.firing and (
             self.silences.silencing(a.labels, now_ns)
@@ -161,9 +194,72 @@ class Alerting:
             self._next_gc = mono + GC_S
             self.outbox.gc(now_ns)
             self.silences.gc(now_ns)
+            self.spool.gc(self.forwarded, now_ns)
         if queued:
             for sender in self.senders.values():
                 sender.wake()
+
+    def _forward(self, now_ns: int, alerts: dict[str, Alert], given: list[Incident]) -> bool:
+        """The alerts routed to Alertmanager receivers into the spool, when they fire, change
+        (severity, an action) or end; True when something was written."""
+        want: dict[tuple[str, str], Alert] = {}
+        for key, alert in alerts.items():
+            if alert.firing:
+                for route in self.root.match(alert.labels):
+                    if route.receiver in self.forwarded:
+                        want[(route.receiver, key)] = alert
+        writes: list[tuple[str, str, str, str, dict[str, Any], int]] = []
+        posted = dict(self._posted)
+        for (receiver, key), alert in want.items():
+            before = posted.get((receiver, key))
+            change = digest(alert.incident)
+            if before is not None and before[1] == change:
+                continue
+            doc = am_alert(alert.incident, self._extra_labels[receiver], self.external_url)
+            alert_key = alert_id(key, doc)
+            if before is not None and before[0] != alert_key:  # its labels changed
+                old = self.spool.doc(receiver, before[0])
+                if old is not None:
+                    writes.append((receiver, key, before[0], before[1],
+                                   resolved_copy(old, now_ns), now_ns))
+            writes.append((receiver, key, alert_key, change, doc, 0))
+            posted[(receiver, key)] = (alert_key, change)
+        by_id = {i.id: i for i in given}
+        for receiver, key in self._posted.keys() - want.keys():
+            alert_key, change = self._posted[(receiver, key)]
+            try:
+                incident = by_id.get(key) or self.incidents.get(key)
+            except Exception:  # the incident store is briefly unavailable: next tick
+                continue
+            if incident is not None:  # resolved, or firing but no longer routed here
+                ended = incident.resolved_ns if incident.state == INCIDENT_RESOLVED else None
+                doc = am_alert(incident, self._extra_labels[receiver], self.external_url,
+                               ended or now_ns)
+                if alert_id(key, doc) != alert_key:
+                    incident = None
+            if incident is None:  # gone from the store: end what was posted
+                old = self.spool.doc(receiver, alert_key)
+                if old is None:
+                    posted.pop((receiver, key), None)
+                    continue
+                doc = resolved_copy(old, now_ns)
+            writes.append((receiver, key, alert_key, change, doc, now_ns))
+            posted.pop((receiver, key), None)
+        if not writes:
+            return False
+        try:
+            with self.db.transaction() as conn:
+                for receiver, key, alert_key, change, doc, ended_ns in writes:
+                    self.spool.put(conn, receiver, key, alert_key, change, doc, ended_ns,
+                                   now_ns)
+        except Exception as exc:  # nothing was recorded: decided again next tick
+            if not self.forward_error:
+                log.error("alerting: cannot record alerts for Alertmanager: %s", exc)
+            self.forward_error = f"cannot record alerts for Alertmanager: {exc}"
+            return False
+        self.forward_error = ""
+        self._posted = posted
+        return True
 
     def _eligible(self, incident: Incident) -> bool:
         """Incidents without a (loaded) policy alert when they fire; the others once their
@@ -191,6 +287,7 @@ class Alerting:
         if receiver is None or receiver.slack is None:
             return False  # a receiver without Slack drops (Alertmanager's "null" receiver)
         sender = self.senders[receiver.name]
+        assert isinstance(sender, SlackSender)
         send_resolved = receiver.slack.send_resolved
         group = flush.group
         message = self.renderer.group(flush, now_ns)
@@ -223,11 +320,12 @@ class Alerting:
     # -- health ------------------------------------------------------------------------------
 
     def status(self) -> ComponentStatus:
-        pending = self.outbox.pending()
+        pending = self.pending()
         problems = [f"receiver {name}: {s.problem}" for name, s in self.senders.items()
                     if s.problem]
-        if self.error:
-            problems.insert(0, self.error)
+        for error in (self.forward_error, self.error):
+            if error:
+                problems.insert(0, error)
         receivers = {}
         for name in self.receivers:
             sender = self.senders.get(name)

@@ -307,7 +307,8 @@ def _describe(exc: ValidationError, loaded: LoadedSettings) -> str:
         if (SECRET_NAMES | SECRET_FIELDS) & set(path) or _mentions_secret(given) or (
                 isinstance(given, dict)):
             given = None  # never echo a secret back (nor a whole section)
-        elif isinstance(given, str) and "@" in given and path and path[-1] == "url":
+        elif isinstance(given, str) and "@" in given and path and (
+                path[-1] == "url" or path[-2:-1] == ("urls",)):
             given = None  # user:password@host
         if error["type"] == "extra_forbidden":
             message = "unknown setting (check the spelling; `sloguard config show` lists them)"

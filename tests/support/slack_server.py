@@ -1,8 +1,10 @@
 """A local HTTP server that implements the parts of Slack's documented contract sloguard uses.
 
 - Incoming webhooks (POST /services/T/B/X): `200 ok`; `400 invalid_payload` (not JSON),
-  `400 no_text` (neither text nor blocks), `400 invalid_blocks`, `404 no_service` (unknown or
-  revoked URL), `410 channel_is_archived`.
+  `400 no_text` (no text, blocks or attachments), `400 invalid_blocks`, `400
+  invalid_attachments`, `404 no_service` (unknown or revoked URL), `410 channel_is_archived`.
+  A message may be legacy attachments only (what Alertmanager's slack_configs posts: each
+  attachment's title, text, fallback, color and fields).
 - Web API (POST/GET /api/METHOD, bearer token): chat.postMessage (channel by ID or #name, text
   or blocks, thread_ts, reply_broadcast, metadata), chat.update, conversations.history and
   conversations.replies (oldest, limit, cursor, include_all_metadata), auth.test; errors as
@@ -225,10 +227,12 @@ class SlackServer:
             return 400, body_error
         if channel in self.archived:
             return 410, "channel_is_archived"
-        if not body.get("text") and not body.get("blocks"):
+        if not body.get("text") and not body.get("blocks") and not body.get("attachments"):
             return 400, "no_text"
         if not _valid_blocks(body.get("blocks")):
             return 400, "invalid_blocks"
+        if not _valid_attachments(body.get("attachments")):
+            return 400, "invalid_attachments"
         with self.lock:
             self.webhook_messages.append(body)
             self.messages.append(Message(channel, self._ts(), body.get("text", ""),
@@ -348,6 +352,16 @@ def _blocks(value: Any) -> list[dict[str, Any]] | bool | None:
         except ValueError:
             return False
     return value if isinstance(value, list) else False
+
+
+def _valid_attachments(attachments: Any) -> bool:
+    if attachments is None:
+        return True
+    if not isinstance(attachments, list) or len(attachments) > 100:
+        return False
+    return all(isinstance(a, dict) and (a.get("text") or a.get("fallback") or a.get("title")
+                                        or a.get("fields") or a.get("blocks"))
+               for a in attachments)
 
 
 def _valid_blocks(blocks: Any) -> bool:
