@@ -23,6 +23,11 @@ from sloguard.core.config import Duration, Matchers, Section, http_url, secret_s
 LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
+
+def _repeated(values: list[str]) -> list[str]:
+    """The values named more than once, sorted (for an error that names them)."""
+    return sorted({v for v in values if values.count(v) > 1})
+
 class SlackConfig(Section):
     """One Slack destination: an incoming webhook, or a bot token and a channel (Web API:
     one message per alert group, updated in place, with the timeline in its thread)."""
@@ -89,8 +94,7 @@ class AlertmanagerConfig(Section):
     @field_validator("urls")
     @classmethod
     def _urls(cls, urls: list[str]) -> list[str]:
-        duplicates = sorted({u for u in urls if urls.count(u) > 1})
-        if duplicates:
+        if duplicates := _repeated(urls):
             raise ValueError(f"each Alertmanager once: {', '.join(duplicates)}")
         return urls
 
@@ -153,9 +157,7 @@ class AlertingConfig(Section):
     @field_validator("receivers")
     @classmethod
     def _unique(cls, receivers: list[ReceiverConfig]) -> list[ReceiverConfig]:
-        names = [r.name for r in receivers]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
+        if duplicates := _repeated([r.name for r in receivers]):
             raise ValueError(f"receiver names must be unique: {', '.join(duplicates)}")
         return receivers
 
