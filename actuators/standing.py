@@ -110,7 +110,7 @@ class StandingLevers:
             # dry-run switched on while it is in force: like a ladder rung, it stays as it is
             # (a dry re-apply would record it as proposed and lose what undo needs)
             return
-        seen = self._be_inventory()
+        seen = self._workloads_seen()
         if seen is not None and row is not None and row.status in (DONE, PROPOSED) and \
                 row.dry_run == dry_run and not row.retry_ns and \
                 (checked := self._standing_checked.get(key)) is not None and \
@@ -144,7 +144,7 @@ class StandingLevers:
         if result.status == SKIPPED and (row is None or row.status != SKIPPED):
             log.info("policy %s: standing %s: %s", name, spec.step, result.detail)
 
-    def _be_inventory(self: Any) -> frozenset[tuple[tuple[str, str], ...]] | None:
+    def _workloads_seen(self: Any) -> frozenset[tuple[tuple[str, str], ...]] | None:
         """What a standing lever's reach depends on: every workload's tags (a BE one that
         appears, an LS pod that lands in a BE cgroup; discovery's tags, stable between ticks).
         None when the inventory cannot be read: the lever is then checked in full."""

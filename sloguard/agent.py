@@ -277,14 +277,9 @@ class Agent:
         if self.pods is not None:
             pods = self.pods
             sup.watch("pod-metadata", lambda: pods._thread, pods.start, "kubernetes")
-        for name, sender in self.alerting.senders.items():
-            peers = getattr(sender, "peers", None)  # an Alertmanager: a thread per URL
-            if peers is None:
-                sup.watch(f"slack-{name}", lambda s=sender: s._thread, sender.start, "alerting")
-                continue
-            for index, peer in enumerate(peers):
-                sup.watch(f"alertmanager-{name}-{index}", lambda p=peer: p.thread,
-                          lambda s=sender, p=peer: s.start_peer(p), "alerting")
+        for sender in self.alerting.senders.values():
+            for name, thread, restart in sender.watched():
+                sup.watch(name, thread, restart, "alerting")
         if self.forwarder is not None:
             fwd = self.forwarder
             sup.watch("forwarder", lambda: fwd._thread, fwd.start, "forward")

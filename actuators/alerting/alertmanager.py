@@ -23,7 +23,6 @@ What each answer means:
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 import urllib.error
@@ -35,6 +34,7 @@ from sloguard import __version__
 from sloguard.actuators.alerting.am_alert import MAX_REQUEST_BYTES, batches, with_ends_at
 from sloguard.actuators.alerting.am_spool import Spool
 from sloguard.actuators.alerting.config import AlertmanagerConfig
+from sloguard.actuators.alerting.retry import backoff_s
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +132,7 @@ class _Peer:
     def _failed(self, error: str) -> None:
         self.failures += 1
         low, high = self.sender.backoff_s
-        high = min(high, self.sender.config.resend_interval)
-        delay = min(high, low * 2 ** (self.failures - 1)) * random.uniform(0.8, 1.2)
+        delay = backoff_s(self.failures, low, min(high, self.sender.config.resend_interval))
         self.retry_at = time.monotonic() + delay
         self.sender.on_result(KIND, "retry")
         self._set_problem(f"{error} (retrying in {delay:.1f}s)")
@@ -161,6 +160,12 @@ class AlertmanagerSender:
     @property
     def problem(self) -> str:
         return "; ".join(f"{p.url}: {p.problem}" for p in self.peers if p.problem)
+
+    def watched(self) -> list[tuple[str, Callable[[], threading.Thread | None],
+                                    Callable[[], None]]]:
+        """A thread per URL for the agent's supervisor: (name, the thread now, restart)."""
+        return [(f"alertmanager-{self.name}-{index}", lambda p=peer: p.thread,
+                 lambda p=peer: self.start_peer(p)) for index, peer in enumerate(self.peers)]
 
     def start(self) -> None:
         for peer in self.peers:

@@ -86,13 +86,13 @@ class Alerting:
             r.name: SlackSender(r.name, r.slack, self.outbox, self._counter(r.name), backoff_s)
             for r in config.receivers if r.slack is not None}
         # alertmanager receivers: name -> URLs; their alerts go to the spool, not to groups
-        self.forwarded = {r.name: list(r.alertmanager.urls) for r in config.receivers
-                          if r.alertmanager is not None}
-        self._extra_labels = {r.name: dict(r.alertmanager.labels) for r in config.receivers
-                              if r.alertmanager is not None}
+        self.forwarded: dict[str, list[str]] = {}
+        self._extra_labels: dict[str, dict[str, str]] = {}
         self.spool = Spool(db)
         for r in config.receivers:
             if r.alertmanager is not None:
+                self.forwarded[r.name] = list(r.alertmanager.urls)
+                self._extra_labels[r.name] = dict(r.alertmanager.labels)
                 self.senders[r.name] = AlertmanagerSender(
                     r.name, r.alertmanager, self.spool, self._counter(r.name), backoff_s)
         self.spool.gc(self.forwarded, time.time_ns())

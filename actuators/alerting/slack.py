@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import re
 import threading
 import time
@@ -48,6 +47,7 @@ from sloguard.actuators.alerting.outbox import (
     Entry,
     Outbox,
 )
+from sloguard.actuators.alerting.retry import backoff_s
 from sloguard.core.config import SecretUnavailable, read_secret, secret_sources
 
 log = logging.getLogger(__name__)
@@ -132,6 +132,11 @@ class SlackSender:
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
+
+    def watched(self) -> list[tuple[str, Callable[[], threading.Thread | None],
+                                    Callable[[], None]]]:
+        """Its thread for the agent's supervisor: (name, the thread now, restart)."""
+        return [(f"slack-{self.name}", lambda: self._thread, self.start)]
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"slack-{self.name}",
@@ -404,8 +409,7 @@ class SlackSender:
         self.problem = problem
 
     def _backoff(self, attempts: int) -> float:
-        low, high = self.backoff_s
-        return min(high, low * 2 ** max(0, attempts - 1)) * random.uniform(0.8, 1.2)
+        return backoff_s(attempts, *self.backoff_s)
 
     def _sent_now(self) -> None:
         """The rate limit counts from the end of a request: Slack sees at least that gap."""
