@@ -159,6 +159,14 @@ def test_an_episode_is_attributed_right_when_its_antagonist_is_the_first_suspect
     assert way_stats(result).episodes[0].attributed is False
     driving["suspects"] = []
     assert way_stats(result).episodes[0].attributed is False  # it fired and named nobody
+    # fired in the quiet just before the episode (an innocent's blip over a noisy LS tail)
+    # and still firing in it: its ranking is the episode's
+    driving["fired_ns"] = result.start_ns + 9_500_000_000
+    driving["suspects"] = [{"cgroup": "/sloguard-lab/be", "rank": 1}]
+    assert way_stats(result).episodes[0].attributed is True
+    driving["resolved_ns"] = result.start_ns + 9_900_000_000  # over before it began
+    assert way_stats(result).episodes[0].attributed is None
+    driving.update(fired_ns=result.start_ns + 12 * 10**9, resolved_ns=None, suspects=[])
     free = _result("unguarded")
     free.innocents = [{"name": "sleepy", "bogo_ops": 120.0, "seconds": 30.0}]
     spec = load_scenario(find_scenario("culprit"))

@@ -16,6 +16,7 @@ Definitions the report uses:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,7 +131,8 @@ def way_stats(result: WayResult) -> WayStats:
     episodic = [a for a in actions if not _standing(a)]
     nexts = [s for s, _ in spans[1:]] + [(records[-1, 0] - result.start_ns) / 1e9
                                          if len(records) else math.inf]
-    for episode, (start, end), after in zip(result.episodes, spans, nexts, strict=True):
+    for k, (episode, (start, end), after) in enumerate(
+            zip(result.episodes, spans, nexts, strict=True)):
         window = (start, end + GRACE_S)
         fire = next((f for f in fired if window[0] <= f < window[1]), None)
         held = in_force(actions, start)
@@ -151,8 +153,9 @@ def way_stats(result: WayResult) -> WayStats:
             percentile(lat[(t_s >= start) & (t_s < end)], 99), carried=bool(held),
             ladder_action_s=ladder_delay)
         culprits = set(antagonists_of(episode))
-        ranked = next((i for f, i in zip(fired, driving, strict=True)
-                       if window[0] <= f < window[1] and i.get("suspects")), None)
+        since = spans[k - 1][1] + GRACE_S if k else -math.inf
+        ranked = ranking_incident(zip(fired, driving, strict=True), since, window,
+                                  episode.started_ns)
         if culprits and ranked is not None:
             first = min(ranked["suspects"], key=lambda s: s.get("rank", 99))
             timing.suspect = first.get("cgroup", "")
@@ -167,6 +170,23 @@ def way_stats(result: WayResult) -> WayStats:
     stats.quiet_actions = [a for a in applied if not _standing(a) and not any(
         start <= a["t"] < end + GRACE_S for start, end in spans)]
     return stats
+
+
+def ranking_incident(fired: Iterable[tuple[float, dict[str, Any]]], since: float,
+                     window: tuple[float, float], started_ns: int) -> dict[str, Any] | None:
+    """The policy incident whose suspects an episode is judged on: the first that fired in
+    its window; else the first that fired after `since` (the earlier episode's window) and was
+    still firing at its start. Such an early one is real: an innocent BE job's blip over a
+    noisy LS tail fired it 0.5 s early in CI, and its ranking is refreshed while it fires."""
+    early = None
+    for at, incident in fired:
+        if not incident.get("suspects") or not since <= at < window[1]:
+            continue
+        if at >= window[0]:
+            return incident
+        if early is None and (incident.get("resolved_ns") or math.inf) > started_ns:
+            early = incident
+    return early
 
 
 def lifted_after(actions: list[dict[str, Any]], end: float, until: float) -> float | None:
