@@ -12,6 +12,7 @@ import contextlib
 import fnmatch
 import logging
 import os
+import re
 import resource
 import time
 from collections.abc import Callable
@@ -126,9 +127,24 @@ def _stat_value(data: bytes, key: bytes) -> int | None:
         return None
 
 
+# The kernel's PSI line, whole: three files per cgroup per tick, so the usual file is parsed in
+# one regex pass (1.4 us against 2.5 us for the split below; benchmarks/agent_tick.py puts the
+# cgroup collection at a third of the tick). Any other shape goes the general way.
+_PSI_LINE = re.compile(rb"(some|full) avg10=([0-9.]+) avg60=([0-9.]+) avg300=[0-9.]+ "
+                       rb"total=([0-9]+)\n")
+_PSI_KEYS = {b"some": ("some_avg10", "some_avg60", "some_total"),
+             b"full": ("full_avg10", "full_avg60", "full_total")}
+
+
 def parse_psi(data: bytes) -> dict[str, float]:
     """PSI lines (`some avg10=0.00 avg60=0.00 avg300=0.00 total=0`) -> {some_avg10: ..}."""
     out: dict[str, float] = {}
+    lines = _PSI_LINE.findall(data)
+    if lines and len(lines) == data.count(b"\n") and data.endswith(b"\n"):
+        for kind, avg10, avg60, total in lines:
+            k10, k60, ktotal = _PSI_KEYS[kind]
+            out[k10], out[k60], out[ktotal] = float(avg10), float(avg60), int(total)
+        return out
     for line in data.decode().splitlines():
         kind, *pairs = line.split()
         for pair in pairs:
@@ -256,13 +272,16 @@ class CgroupCollector(CollectorBase):
                 self._walk(root, Path(entry.path), depth + 1, found)
 
     def _track(self, rel: str) -> _Tracked:
+        # Paths as strings, not pathlib: every tracked cgroup is tracked anew at each
+        # rediscovery, and Path joins were a twentieth of the 100-cgroup agent's CPU
+        # (benchmarks/agent_tick.py, py-spy of benchmarks/agent_overhead.py).
         layout = self.layout
         assert layout is not None
         tags = self._tags(rel)
-        unified = layout.unified / rel if layout.unified else None
+        unified = f"{layout.unified}/{rel}" if layout.unified else None
         if layout.mode == "v2":
             assert unified is not None
-            d = str(unified)
+            d = unified
             # Without the memory controller enabled for it, a v2 cgroup has no memory files.
             has_memory = os.path.exists(f"{d}/memory.current")
             item = _Tracked(
@@ -275,27 +294,27 @@ class CgroupCollector(CollectorBase):
         else:
             # A cgroup may exist in some v1 hierarchies only: read just those.
             cpuacct, cpu, memory = (
-                layout.v1[c] if c in layout.v1 and (layout.v1[c] / rel).is_dir() else None
+                f"{layout.v1[c]}/{rel}" if c in layout.v1 and os.path.isdir(
+                    f"{layout.v1[c]}/{rel}") else None
                 for c in ("cpuacct", "cpu", "memory")
             )
             item = _Tracked(
                 rel, tags,
-                f"{cpuacct / rel}/cpuacct.usage" if cpuacct else None, False,
-                f"{cpu / rel}/cpu.stat" if cpu else None,
-                f"{memory / rel}/memory.usage_in_bytes" if memory else None,
-                f"{memory / rel}/memory.stat" if memory else None, False,
+                f"{cpuacct}/cpuacct.usage" if cpuacct else None, False,
+                f"{cpu}/cpu.stat" if cpu else None,
+                f"{memory}/memory.usage_in_bytes" if memory else None,
+                f"{memory}/memory.stat" if memory else None, False,
             )
             if cpu:
                 item.limit_cores = _v1_cpu_limit(
-                    _read(f"{cpu / rel}/cpu.cfs_quota_us"), _read(f"{cpu / rel}/cpu.cfs_period_us")
-                )
+                    _read(f"{cpu}/cpu.cfs_quota_us"), _read(f"{cpu}/cpu.cfs_period_us"))
             if memory:
-                item.limit_bytes = _limit_bytes(_read(f"{memory / rel}/memory.limit_in_bytes"))
+                item.limit_bytes = _limit_bytes(_read(f"{memory}/memory.limit_in_bytes"))
         if unified is not None:
             for res in PSI_RESOURCES:
-                path = unified / f"{res}.pressure"
-                if path.exists():
-                    item.psi[res] = str(path)
+                path = f"{unified}/{res}.pressure"
+                if os.path.exists(path):
+                    item.psi[res] = path
         return item
 
     def _tags(self, rel: str) -> dict[str, str]:

@@ -377,6 +377,8 @@ def _still_there(judged: Judged) -> bool | None:
     """Whether a condition's cause is still there: a series not yet back past its recover
     bound (the hysteresis: BE at 0.15 cores, between `recover_below: 0.1` and `above: 0.2`,
     still runs); None when no series had a value (a collector down is not "BE stopped")."""
+    if judged.still_there is not None:
+        return judged.still_there()
     values = [v for v in judged.inputs.values() if not math.isnan(v)]
     if not values:
         return None

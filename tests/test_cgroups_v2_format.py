@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from sloguard.collectors.cgroups import CgroupCollector
+from sloguard.collectors.cgroups import CgroupCollector, parse_psi
 from sloguard.collectors.config import CgroupCollectorConfig
 from sloguard.core.cgroup_layout import detect_layout, layout_from_root
 
@@ -136,3 +136,19 @@ def test_v2_cgroup_without_memory_controller_is_still_collected(tmp_path):
         time.sleep(0.05)
     assert collector.vanished_total == 0
     assert {s.measurement for s in samples} == {"container_cpu", "container_pressure"}
+
+
+def test_psi_files_parse_the_same_whichever_way_they_take():
+    """The kernel's shape goes through one regex pass, anything else through the general
+    parser: both must give the same fields (a missing `full` line, no final newline, a field
+    a later kernel might add)."""
+    two = (b"some avg10=1.25 avg60=0.12 avg300=0.05 total=123456\n"
+           b"full avg10=0.50 avg60=0.00 avg300=0.00 total=6543\n")
+    want = {"some_avg10": 1.25, "some_avg60": 0.12, "some_total": 123456,
+            "full_avg10": 0.5, "full_avg60": 0.0, "full_total": 6543}
+    assert parse_psi(two) == want
+    assert parse_psi(two.rstrip(b"\n")) == want  # the general way
+    assert parse_psi(two.replace(b" total=6543", b" total=6543 extra=7")) == want
+    assert parse_psi(two.split(b"\n")[0] + b"\n") == {
+        k: v for k, v in want.items() if k.startswith("some")}
+    assert parse_psi(b"") == {}

@@ -1,0 +1,113 @@
+"""Where the agent's tick goes: the 100-cgroup agent's tick in-process, CPU per phase.
+
+`agent_overhead.py` measures the whole `sloguard run` process from outside, which says whether
+the node budget is met but not what to change. This one builds the same agent (the same real
+cgroups, one LS in ten, the shipped rules and policies, the embedded store) in this process and
+runs its tick back to back on a simulated 1 s clock (each tick stamped one second after the
+last, so every window holds what it would at a 1 s interval), timing each phase with this
+thread's CPU clock. The detector worker's CPU is in "evaluate" (its caller waits on it).
+
+Printed: CPU ms per tick by phase, and the tick against the yardstick of `agent_overhead.py`
+(a fixed pure-Python workload timed in the same run: machines here are noisy, compare ratios).
+
+    sudo .venv/bin/python benchmarks/agent_tick.py [--cgroups 100] [--ticks 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from agent_overhead import BenchCgroups, _yardstick
+
+from sloguard.agent import Agent
+from sloguard.settings import load_settings
+
+S = 10**9
+
+
+def _timed(spent: dict[str, float], phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.process_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[phase] += time.process_time() - start
+    return wrapper
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cgroups", type=int, default=100)
+    parser.add_argument("--ticks", type=int, default=300)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("creating cgroups needs root")
+    work = Path(tempfile.mkdtemp(prefix="sloguard-tick-"))
+    print(f"creating {args.cgroups} cgroups", file=sys.stderr, flush=True)
+    cgroups = BenchCgroups(args.cgroups, name="tick")
+    try:
+        config = work / "agent.yaml"
+        config.write_text(
+            f"data_dir: {work / 'data'}\n"
+            "collectors:\n  cgroups:\n"
+            f"    include: [{cgroups.prefix}]\n"
+            "    declare:\n"
+            f"      - {{path: '{cgroups.prefix}/cg??0', class: LS}}\n"
+            f"      - {{path: '{cgroups.prefix}/cg??[1-9]', class: BE}}\n")
+        agent = Agent(load_settings(config).settings)
+        for collector in agent.collectors:
+            collector.start()
+        agent._reload_rules()
+        spent: dict[str, float] = defaultdict(float)
+        for collector in agent.collectors:
+            collector.collect = _timed(spent, f"collect {collector.name}", collector.collect)
+        agent.windows.add = _timed(spent, "windows", agent.windows.add)
+        agent._flush = _timed(spent, "store", agent._flush)
+        agent.engine.evaluate = _timed(spent, "evaluate", agent.engine.evaluate)
+        agent.attributor.tick = _timed(spent, "attribute", agent.attributor.tick)
+        agent.ladder.tick = _timed(spent, "ladder", agent.ladder.tick)
+        agent.guard_cost.observe = _timed(spent, "guard cost", agent.guard_cost.observe)
+        agent.guard_cost.tick = _timed(spent, "guard cost", agent.guard_cost.tick)
+        base = time.time_ns()
+        warm = 15
+        for i in range(warm):  # windows filled, discovery and first applies done
+            agent.tick(base + i * S)
+            time.sleep(0.05)
+        spent.clear()
+        print(f"{args.ticks} ticks", file=sys.stderr, flush=True)
+        start = time.process_time()
+        for i in range(warm, warm + args.ticks):
+            agent.tick(base + i * S)
+            time.sleep(0.001)  # let the kernel's counters move between reads
+        total = time.process_time() - start
+        yard = _yardstick()
+        agent.stop()
+    finally:
+        cgroups.remove()
+        shutil.rmtree(work, ignore_errors=True)
+    per_tick = 1000 * total / args.ticks
+    print(f"\n{args.cgroups} cgroups, {args.ticks} ticks on a simulated 1 s clock\n")
+    print("| phase | CPU ms per tick | share |")
+    print("|---|---|---|")
+    for phase, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
+        ms = 1000 * seconds / args.ticks
+        print(f"| {phase} | {ms:.2f} | {100 * ms / per_tick:.0f}% |")
+    rest = per_tick - 1000 * sum(spent.values()) / args.ticks
+    print(f"| the rest of the tick | {rest:.2f} | {100 * rest / per_tick:.0f}% |")
+    print(f"| **tick** | **{per_tick:.2f}** | |")
+    print(f"\ntick / yardstick ({1000 * yard:.1f} ms): {per_tick / 1000 / yard:.3f}")
+
+
+if __name__ == "__main__":
+    main()
