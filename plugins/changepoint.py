@@ -3,21 +3,27 @@
 Interference switches on: a BE job starts and the LS signal moves to a new level. A threshold
 needs the level known in advance and EWMA adapts to slow drifts; a change-point search on a
 bounded sliding window finds when the level changed and by how much, which is what an SRE wants
-on the incident ("p99 went from 0.2 to 3.1 ms at 14:02:17"). The default method, ruptures'
-KernelCPD with a linear kernel (the l2 cost, solved exactly in C), was picked by
-benchmarks/changepoint_methods.py: Pelt's penalised optimum about a thousand times faster, the
-only one within the 5 ms budget for a 1,000-point window; Binseg scored a little higher on TCPD
-at ~50x the time and is available as `method: binseg`.
+on the incident ("p99 went from 0.2 to 3.1 ms at 14:02:17").
+
+The default segmentation (#25, chosen on TCPD by benchmarks/changepoint_methods.py; the figures
+and the sensitivity of each default are in docs/plugins.md): each segment is a straight line
+(`cost: linear`), so a steady trend or drift is one segment and a jump or a change of slope is a
+change; binary segmentation (`method: binseg`, numpy, about 0.1 to 1 ms for a 1,000-point
+window); penalty 3 x log(n) x the residual variance of one line through the window (MBIC's
+constant). `method: pelt` finds the exact optimum of the same criterion (9 to 16 ms per 1,000
+points); `cost: constant` segments levels only (the default before #25, with `method: kernel`,
+ruptures' KernelCPD in C, the fastest exact one).
 
 Parameters (rule `params`):
   window          points kept and segmented (default 120; at most 5000)
-  penalty         penalty factor: pen = penalty x log(n) x the window's variance (default 3)
+  penalty         pen = penalty x log(n) x the residual variance of the no-change fit (default 3)
   min_size        fewest points of a segment (default 5)
   recent          a change fires only while it is at most this many points old (default 10)
   min_shift       smallest absolute level change that counts (default 0)
   min_relative    smallest change relative to the level before it, 0.5 = 50% (default 0)
   direction       up, down or both (default up)
-  method          kernel (KernelCPD, linear kernel), binseg or pelt (default kernel)
+  method          binseg, pelt or kernel (default binseg)
+  cost            linear or constant (default linear; kernel takes constant only, its default)
 Once fired, the detector holds the level from before the change and recovers when the mean of
 the last `min_size` points has come back more than half way to it.
 """
@@ -32,7 +38,7 @@ from typing import Any
 from sloguard.detector.api import Verdict, hookimpl, reject_unknown
 
 _PARAMS = {"window", "penalty", "min_size", "recent", "min_shift", "min_relative", "direction",
-           "method"}
+           "method", "cost"}
 
 
 class ChangePoint:
@@ -57,8 +63,9 @@ class ChangePoint:
         if self.penalty <= 0 or self.recent < 1 or self.min_shift < 0 or self.min_relative < 0:
             raise ValueError("penalty and recent must be positive, min_shift and min_relative "
                              "not negative")
-        # Imported here: only nodes with change-point rules pay for ruptures.
-        self._algo = make_algorithm(params.get("method", "kernel"), self.min_size)
+        method = params.get("method", "binseg")
+        self.cost = params.get("cost", "constant" if method == "kernel" else "linear")
+        self._algo = make_algorithm(method, self.min_size, self.cost)
         self.points: deque[tuple[int, float]] = deque(maxlen=self.window)
         self.before: float | None = None  # the level before the change that fired
         self.shift = 0.0
@@ -103,16 +110,30 @@ class ChangePoint:
                        change_ns=self.changed_ns)
 
     def last_change(self) -> tuple[int, float, float] | None:
-        """(index, mean before, mean after) of the most recent change point in the window."""
+        """(index, level before, mean after) of the most recent change point in the window.
+
+        The level before is the segment's mean, or with the linear cost and a segment of at
+        least 2 x min_size points, its line at its last point: a jump off a ramp is measured
+        from where the ramp had got to, not from its middle. A shorter segment keeps its mean:
+        its line, extrapolated to its end, swings with one outlier (a lone spike fired as a
+        shift when every segment used its line).
+        """
         import numpy as np
 
         x = np.fromiter((v for _, v in self.points), dtype=float)
-        breaks = self._algo.fit(x.reshape(-1, 1)).predict(pen=penalty(x, self.penalty))[:-1]
+        pen = penalty(x, self.penalty, self.cost)
+        breaks = self._algo.fit(x.reshape(-1, 1)).predict(pen=pen)[:-1]
         if not breaks:
             return None
         last = int(breaks[-1])
         start = int(breaks[-2]) if len(breaks) > 1 else 0
-        return last, float(x[start:last].mean()), float(x[last:].mean())
+        before = x[start:last]
+        if self.cost == "linear" and len(before) >= 2 * self.min_size:
+            slope, intercept = np.polyfit(np.arange(len(before), dtype=float), before, 1)
+            level = float(slope * (len(before) - 1) + intercept)
+        else:
+            level = float(before.mean())
+        return last, level, float(x[last:].mean())
 
     def _holding(self) -> Verdict:
         assert self.before is not None
@@ -128,31 +149,149 @@ class ChangePoint:
                        change_ns=self.changed_ns)
 
 
-def penalty(x: Any, factor: float) -> float:
-    """factor x log(n) x the window's variance (a BIC-like penalty on the l2 cost).
+def penalty(x: Any, factor: float, cost: str = "linear") -> float:
+    """factor x log(n) x the residual variance of the no-change fit (a BIC-like penalty).
 
-    Measured on TCPD (benchmarks/changepoint_methods.py): a noise estimate from successive
-    differences, robust to the shifts themselves, over-segmented trending and seasonal series
-    (F1 0.558, below the 0.663 of "no change points"); the window's variance did not (0.712 at
-    the default factor 3, chosen there among 1 to 6).
-    A shift inflates the variance, but a fresh shift of 1.5 sigma is still found in a window of
-    120 (the split's cost reduction grows as d^2 x n x p(1-p), the penalty only as d^2 p(1-p)).
+    The no-change fit is one straight line per dimension for the `linear` cost and one constant
+    for `constant` (there, the window's variance, as before #25); a multi-dimensional signal
+    sums the dimensions' variances. With factor 3 this is MBIC's 3 log(n) on a signal scaled to
+    unit noise, the TCPD reference's default. A shift or a slope change inflates the estimate,
+    which keeps trends and seasons from being cut into many pieces; the noise estimates robust
+    to shifts that #25 measured (the MAD of first or second differences) over-segmented TCPD
+    (F1 0.58 to 0.61 against 0.784), see docs/plugins.md.
     """
     import numpy as np
 
-    return factor * math.log(len(x)) * (float(np.var(x)) or 1e-12)
+    x = np.asarray(x, dtype=float)
+    x = x.reshape(len(x), -1)
+    if cost == "linear" and len(x) > 2:
+        t = np.arange(len(x), dtype=float)
+        t -= t.mean()
+        x = x - x.mean(0)
+        x = x - np.outer(t, t @ x / (t @ t))
+    return factor * math.log(len(x)) * (float(np.var(x, axis=0).sum()) or 1e-12)
 
 
-def make_algorithm(method: str, min_size: int) -> Any:
-    import ruptures
+class _Cost:
+    """Least-squares cost of segments [a, b) from prefix sums: the sum over dimensions of the
+    squared residuals around the segment's mean (`constant`) or its straight line (`linear`).
+    a and b are integer arrays that broadcast together; every segment has >= 2 points."""
 
-    if method == "kernel":
-        return ruptures.KernelCPD(kernel="linear", min_size=min_size)
-    if method == "binseg":
-        return ruptures.Binseg(model="l2", min_size=min_size, jump=1)
-    if method == "pelt":
-        return ruptures.Pelt(model="l2", min_size=min_size, jump=1)
-    raise ValueError("method must be kernel, binseg or pelt")
+    def __init__(self, x: Any, linear: bool) -> None:
+        import numpy as np
+
+        x = np.asarray(x, dtype=float)
+        x = x.reshape(len(x), -1)
+        x = (x - x.mean(0)).T  # centred: the cost does not change, the prefix sums stay small
+        zero = np.zeros((x.shape[0], 1))
+        self.s1 = np.hstack([zero, np.cumsum(x, 1)])
+        self.s2 = np.concatenate([[0.0], np.cumsum((x * x).sum(0))])
+        self.st = np.hstack([zero, np.cumsum(x * np.arange(x.shape[1]), 1)]) if linear else None
+
+    def __call__(self, a: Any, b: Any) -> Any:
+        import numpy as np
+
+        a, b = np.atleast_1d(a), np.atleast_1d(b)
+        s1 = self.s1[:, b] - self.s1[:, a]
+        n = b - a
+        out = self.s2[b] - self.s2[a] - (s1 * s1).sum(0) / n
+        if self.st is not None:
+            # sum of (t - mean t) x over the segment; its square over sum (t - mean t)^2
+            c = self.st[:, b] - self.st[:, a] - 0.5 * (a + b - 1) * s1
+            out -= 12.0 * (c * c).sum(0) / (n * (n * n - 1.0))
+        return out
+
+
+class Segmenter:
+    """Penalised least-squares segmentation, ruptures' fit/predict shape, in numpy.
+
+    `binseg`: binary segmentation, each segment split at its best point while that lowers the
+    cost by more than the penalty (one vectorised search per level of the tree). `pelt`: the exact
+    optimum (optimal partitioning with PELT pruning, the ends processed `min_size` at a time).
+    """
+
+    def __init__(self, search: str, cost: str, min_size: int) -> None:
+        self.search, self.linear, self.min_size = search, cost == "linear", min_size
+        self.n = 0
+
+    def fit(self, signal: Any) -> Segmenter:
+        import numpy as np
+
+        self.n = len(signal)
+        self._cost = _Cost(np.asarray(signal, dtype=float), self.linear)
+        return self
+
+    def predict(self, pen: float) -> list[int]:
+        breaks = self._binseg(pen) if self.search == "binseg" else self._pelt(pen)
+        return [*breaks, self.n]
+
+    def _binseg(self, pen: float) -> list[int]:
+        import numpy as np
+
+        m, cost, out = self.min_size, self._cost, []
+        todo = np.array([[0, self.n]])
+        while len(todo):  # one vectorised search for all the segments of a level of the tree
+            todo = todo[todo[:, 1] - todo[:, 0] >= 2 * m]
+            if not len(todo):
+                break
+            a, b = todo[:, 0], todo[:, 1]
+            counts = b - a - 2 * m + 1
+            starts = np.cumsum(counts) - counts
+            seg = np.repeat(np.arange(len(todo)), counts)
+            t = a[seg] + m + np.arange(counts.sum()) - starts[seg]
+            gain = cost(a, b)[seg] - cost(a[seg], t) - cost(t, b[seg])
+            best = np.maximum.reduceat(gain, starts)
+            split = []
+            for j in np.flatnonzero(best > pen):
+                cut = int(t[starts[j] + np.argmax(gain[starts[j]:starts[j] + counts[j]])])
+                out.append(cut)
+                split += [(a[j], cut), (cut, b[j])]
+            todo = np.array(split, dtype=int).reshape(-1, 2)
+        return sorted(out)
+
+    def _pelt(self, pen: float) -> list[int]:
+        import numpy as np
+
+        n, m, cost = self.n, self.min_size, self._cost
+        best = np.full(n + 1, np.inf)  # best[b]: the least penalised cost of x[:b]
+        best[0] = -pen
+        last = np.zeros(n + 1, dtype=int)
+        cand = np.array([0])
+        for start in range(m, n + 1, m):
+            # every candidate a <= b - m of the ends b in [start, start + m) is already solved
+            ends = np.arange(start, min(start + m, n + 1))
+            short = ends[None, :] - cand[:, None] < m
+            with np.errstate(divide="ignore", invalid="ignore"):  # short ones: masked
+                total = best[cand][:, None] + cost(cand[:, None], ends[None, :])
+            total[short] = np.inf
+            pick = total.argmin(0)
+            best[ends] = total[pick, np.arange(len(ends))] + pen
+            last[ends] = cand[pick]
+            # PELT: a candidate worse than the optimum at `start` stays worse at every end
+            # b >= start + m (the next ones), where the optimum at `start` is a candidate too
+            keep = short[:, 0] | (total[:, 0] <= best[start] + 1e-9 * (1 + abs(best[start])))
+            cand = np.concatenate([cand[keep], ends])
+        out, b = [], n
+        while (b := int(last[b])) > 0:
+            out.append(b)
+        return out[::-1]
+
+
+def make_algorithm(method: str, min_size: int, cost: str = "linear") -> Any:
+    """The segmenter of `method` (binseg, pelt, kernel) with `cost` (linear, constant)."""
+    if cost not in ("linear", "constant"):
+        raise ValueError("cost must be linear or constant")
+    if method not in ("binseg", "pelt", "kernel"):
+        raise ValueError("method must be binseg, pelt or kernel")
+    if min_size < 2:
+        raise ValueError("min_size must be at least 2")
+    if method != "kernel":
+        return Segmenter(method, cost, min_size)
+    if cost != "constant":
+        raise ValueError("method kernel segments levels only: use it with cost: constant")
+    import ruptures  # KernelCPD with a linear kernel: the constant cost's optimum, in C
+
+    return ruptures.KernelCPD(kernel="linear", min_size=min_size)
 
 
 @hookimpl

@@ -481,13 +481,20 @@ def _detector_spec(spec: str) -> tuple[str, dict[str, Any]]:
 
 @score_app.command("nab")
 def score_nab(
-    data: Annotated[Path, typer.Option(help="NAB data/ directory (<category>/<file>.csv)")],
-    windows: Annotated[Path, typer.Option(help="NAB windows.json")],
     out: Annotated[Path, typer.Option(help="where the results CSVs are written")],
+    root: Annotated[Path | None, typer.Argument(
+        help="a NAB repository (data/, labels/combined_windows.json, config/profiles.json) "
+             "or the shared subset (data/, windows.json, profiles.json)")] = None,
+    root_option: Annotated[Path | None, typer.Option(
+        "--root", help="the same as ROOT")] = None,
+    data: Annotated[Path | None, typer.Option(
+        help="NAB data/ directory (<category>/<file>.csv), instead of ROOT")] = None,
+    windows: Annotated[Path | None, typer.Option(
+        help="NAB windows.json (combined_windows.json), instead of ROOT")] = None,
     detector: Annotated[str, typer.Option(help="name:key=value,... of any loaded detector")] = (
         DEFAULT_NAB_DETECTOR),
     profiles: Annotated[Path | None, typer.Option(
-        help="profiles.json (default: the one beside the windows file)")] = None,
+        help="profiles.json (default: ROOT's, else the one beside the windows file)")] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Run a detector causally over NAB-format CSVs; print the normalised NAB score of each
@@ -497,10 +504,10 @@ def score_nab(
 
     settings = _load(config, None, None).settings
     try:
+        data, windows, profile_file = nab.locate(root_option or root, data, windows, profiles)
         name, params = _detector_spec(detector)
         registry = DetectorRegistry.from_config(settings.detectors)
         registry.make(name, params)  # refuse a bad spec before reading anything
-        profile_file = profiles or windows.parent / "profiles.json"
         weights = {k: v["CostMatrix"] for k, v in json.loads(profile_file.read_text()).items()}
         files = nab.load(data, windows)
     except (ValueError, OSError, KeyError) as exc:
@@ -537,22 +544,42 @@ def score_nab(
 
 @score_app.command("tcpd")
 def score_tcpd(
-    data: Annotated[Path, typer.Option(help="the TCPD datasets/ directory")],
-    annotations: Annotated[Path, typer.Option(help="the TCPD annotations.json")],
-    method: Annotated[str, typer.Option(help="kernel, binseg or pelt")] = "kernel",
-    penalty: Annotated[float, typer.Option(help="penalty factor (x log n x variance)")] = 3.0,
+    root: Annotated[Path | None, typer.Argument(
+        help="a TCPD checkout: datasets/<name>/<name>.json and "
+             "analysis/annotations/annotations.json (or annotations.json at the root)")] = None,
+    root_option: Annotated[Path | None, typer.Option("--root", help="the same as ROOT")] = None,
+    data: Annotated[Path | None, typer.Option(help="the datasets/ directory [ROOT/datasets]")]
+    = None,
+    annotations: Annotated[Path | None, typer.Option(
+        help="the annotations.json [ROOT/analysis/annotations/annotations.json]")] = None,
+    method: Annotated[str, typer.Option(help="binseg, pelt or kernel")] = "binseg",
+    cost: Annotated[str | None, typer.Option(
+        help="linear or constant [linear; constant with kernel]")] = None,
+    penalty: Annotated[float, typer.Option(
+        help="penalty factor (x log n x the residual variance of the no-change fit)")] = 3.0,
     min_size: Annotated[int, typer.Option(help="fewest points of a segment")] = 5,
 ) -> None:
     """F1 (margin 5) and segmentation cover of the change-point detector's segmentation on a
-    TCPD-format benchmark, next to the "no change points" baseline from the same run."""
-    import numpy as np
-
+    TCPD-format benchmark, on the univariate series and on all of them (a multivariate series
+    is segmented jointly, each dimension standardised), next to the "no change points" baseline
+    from the same run."""
     from sloguard.detector.scoring import tcpd
     from sloguard.plugins.changepoint import make_algorithm
     from sloguard.plugins.changepoint import penalty as penalty_of
 
+    if root is not None and root_option is not None and root != root_option:
+        typer.echo("sloguard: give the TCPD root once (ROOT or --root)", err=True)
+        raise typer.Exit(2)
+    root = root or root_option
+    cost = cost or ("constant" if method == "kernel" else "linear")
     try:
-        algorithm = make_algorithm(method, min_size)
+        algorithm = make_algorithm(method, min_size, cost)
+        if root is not None and (data is None or annotations is None):
+            found = tcpd.locate(root)
+            data, annotations = data or found[0], annotations or found[1]
+        if data is None or annotations is None:
+            raise ValueError("give the TCPD repository's root (ROOT or --root), or both --data "
+                             "and --annotations")
         series = tcpd.load(data, annotations)
     except (ValueError, OSError) as exc:
         typer.echo(f"sloguard: {exc}", err=True)
@@ -561,17 +588,21 @@ def score_tcpd(
         typer.echo(f"sloguard: no annotated data set found under {data}", err=True)
         raise typer.Exit(2)
 
-    def segment(values: list[float]) -> list[int]:
-        x = np.asarray(values, dtype=float)
-        pen = penalty_of(x, penalty)
-        return [int(b) for b in algorithm.fit(x.reshape(-1, 1)).predict(pen=pen)[:-1]]
+    def segment(x: Any) -> list[int]:
+        pen = penalty_of(x, penalty, cost)
+        return [int(b) for b in algorithm.fit(x).predict(pen=pen)[:-1]]
 
-    result = tcpd.score(series, segment)
-    typer.echo(f"{result.series} univariate series (of {len(series)}), changepoint "
-               f"method={method} penalty={penalty:g} min_size={min_size}")
-    typer.echo("| detector | F1 | cover |\n|---|---|---|")
-    typer.echo(f"| no change points | {result.baseline_f1:.3f} | {result.baseline_cover:.3f} |")
-    typer.echo(f"| changepoint ({method}) | {result.f1:.3f} | {result.cover:.3f} |")
+    results = tcpd.evaluate(series, segment)
+    uni = tcpd.summary([r for r in results if r.dimensions == 1])
+    every = tcpd.summary(results)
+    typer.echo(f"{every.series} series ({uni.series} univariate), changepoint method={method} "
+               f"cost={cost} penalty={penalty:g} min_size={min_size}")
+    typer.echo(f"| detector | F1 univariate | cover univariate | F1 all {every.series} | "
+               f"cover all {every.series} |\n|---|---|---|---|---|")
+    typer.echo(f"| no change points | {uni.baseline_f1:.3f} | {uni.baseline_cover:.3f} | "
+               f"{every.baseline_f1:.3f} | {every.baseline_cover:.3f} |")
+    typer.echo(f"| changepoint ({method}, {cost}) | {uni.f1:.3f} | {uni.cover:.3f} | "
+               f"{every.f1:.3f} | {every.cover:.3f} |")
 
 
 # -- silences: the CLI talks to the agent's API (as amtool does to Alertmanager's), so the

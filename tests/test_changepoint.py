@@ -58,9 +58,76 @@ def test_binseg_method_and_bad_parameters():
     _feed(detector, [1.0, 1.2, 0.8] * 15)
     assert any(v.crossed for v in _feed(detector, [9.0] * 10, start=45))
     for bad in ({"window": 5}, {"window": 10_000}, {"method": "magic"}, {"direction": "x"},
-                {"penalty": 0}, {"windw": 10}, {"min_size": "big"}):
+                {"penalty": 0}, {"windw": 10}, {"min_size": "big"}, {"cost": "magic"},
+                {"method": "kernel", "cost": "linear"}):
         with pytest.raises(ValueError):
             REGISTRY.make("changepoint", bad)
+
+
+def test_a_ramp_is_no_change_and_a_jump_off_it_is_measured_from_where_it_got():
+    rng = random.Random(0)
+    ramp = [10 + 0.05 * i + rng.gauss(0, 0.3) for i in range(150)]
+    detector = REGISTRY.make("changepoint", {"window": 120})  # the default: cost linear
+    assert not any(v.crossed for v in _feed(detector, ramp))
+    jump = _feed(detector, [15 + 0.05 * i + rng.gauss(0, 0.3) for i in range(150, 170)],
+                 start=150)
+    first = next(i for i, v in enumerate(jump) if v.crossed)
+    assert first < 6
+    note = jump[first].note  # at t = 150 s the ramp was at 17.5 and jumped by 5
+    assert note.startswith("changed at 00:02:30 by +"), note
+    assert float(note.split("by ")[1].split()[0]) == pytest.approx(5, abs=0.5)
+    assert jump[first].threshold == pytest.approx(17.5, abs=0.3)
+    # levels only (the default before #25): the ramp itself reads as a shift, and holds
+    levels = REGISTRY.make("changepoint", {"window": 120, "cost": "constant"})
+    assert sum(v.crossed for v in _feed(levels, ramp)) > 100
+
+
+def _optimum(x, pen, min_size, linear):
+    """Brute-force optimal partitioning (every split considered), the reference."""
+    import numpy as np
+
+    def cost(a, b):
+        y, t = x[a:b], np.arange(a, b, dtype=float)
+        fit = np.polyval(np.polyfit(t, y, 1), t) if linear else y.mean()
+        return float(((y - fit) ** 2).sum())
+
+    n = len(x)
+    best, last = [0.0 - pen] + [math.inf] * n, [0] * (n + 1)
+    for b in range(min_size, n + 1):
+        for a in [0, *range(min_size, b - min_size + 1)]:
+            total = best[a] + cost(a, b) + pen
+            if total < best[b]:
+                best[b], last[b] = total, a
+    out, b = [], n
+    while (b := last[b]) > 0:
+        out.append(b)
+    return out[::-1]
+
+
+def test_the_exact_search_finds_the_optimum_and_binseg_the_planted_changes():
+    import numpy as np
+
+    from sloguard.plugins.changepoint import make_algorithm, penalty
+
+    rng = np.random.default_rng(4)
+    for trial in range(40):
+        n = int(rng.integers(12, 70))
+        levels = np.repeat(rng.normal(0, 2, 4), n // 4 + 1)[:n]
+        x = levels + np.arange(n) * rng.normal(0, 0.05) + rng.normal(0, 1, n)
+        for cost in ("linear", "constant"):
+            pen = penalty(x, float(rng.uniform(0.3, 3)), cost)
+            found = make_algorithm("pelt", 3, cost).fit(x.reshape(-1, 1)).predict(pen=pen)
+            assert found[:-1] == _optimum(x, pen, 3, cost == "linear"), (trial, cost)
+            assert found[-1] == n
+    # two dimensions segmented jointly: a jump in one, a small jump onto a slope in the other
+    t = np.arange(300, dtype=float)
+    signal = np.column_stack([np.where(t < 100, 0.0, 4.0),
+                              np.where(t < 200, 0.0, 1.5 + (t - 200) / 20)])
+    signal += rng.normal(0, 0.5, signal.shape)
+    for method in ("binseg", "pelt"):
+        breaks = make_algorithm(method, 5, "linear").fit(signal).predict(
+            pen=penalty(signal, 3.0, "linear"))
+        assert len(breaks) == 3 and abs(breaks[0] - 100) <= 2 and abs(breaks[1] - 200) <= 2, breaks
 
 
 def test_page_hinkley_streams_a_shift_and_recovers():

@@ -99,3 +99,70 @@ def test_a_failing_detector_is_reported_with_file_and_row(tmp_path, sloguard_bin
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "row 2: the detector failed: ValueError: burn_rate expects an error ratio" in (
         result.stderr)
+
+
+def _official_layout(root: Path, names: list[str]) -> Path:
+    """The official NAB repository's layout, built from the shared subset with symlinks: the
+    labels file names files this root does not have, as a partial clone would."""
+    for name in names:
+        target = root / "data" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.symlink_to(NAB / "data" / name)
+    (root / "labels").mkdir()
+    (root / "labels" / "combined_windows.json").symlink_to(NAB / "windows.json")
+    (root / "config").mkdir()
+    (root / "config" / "profiles.json").symlink_to(NAB / "profiles.json")
+    return root
+
+
+def _table(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.startswith(("| ", "events", "3 files"))]
+
+
+def test_score_nab_reads_the_official_repository_layout(tmp_path, sloguard_bin):
+    need(NAB.is_dir(), f"the NAB benchmark data is not at {NAB}")
+    names = ["realAWSCloudwatch/ec2_cpu_utilization_24ae8d.csv",
+             "artificialWithAnomaly/art_daily_jumpsup.csv", "artificialNoAnomaly/art_noisy.csv"]
+    root = _official_layout(tmp_path / "NAB", names)
+    runs = {}
+    for how, args in {
+        "ROOT": [str(root)],
+        "--root": ["--root", str(root)],
+        "paths": ["--data", str(root / "data"), "--windows",
+                  str(root / "labels" / "combined_windows.json"), "--profiles",
+                  str(root / "config" / "profiles.json")],
+    }.items():
+        out = tmp_path / how
+        result = subprocess.run([sloguard_bin, "score", "nab", *args, "--out", str(out)],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        runs[how] = _table(result.stdout)
+        assert sorted(str(p.relative_to(out)) for p in out.rglob("*.csv")) == sorted(names)
+    assert runs["ROOT"][0].startswith("3 files, 3 windows")  # two in 24ae8d, one in jumpsup
+    assert runs["ROOT"] == runs["--root"] == runs["paths"]
+    (root / "config" / "profiles.json").unlink()
+    missing = subprocess.run([sloguard_bin, "score", "nab", str(root), "--out",
+                              str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2
+    assert f"the NAB profiles file {root / 'config' / 'profiles.json'} does not exist" in (
+        missing.stderr)
+    nothing = subprocess.run([sloguard_bin, "score", "nab", "--out", str(tmp_path / "x")],
+                             capture_output=True, text=True, timeout=60)
+    assert nothing.returncode == 2 and "give a NAB root" in nothing.stderr
+
+
+def test_locate_the_subset_layout_and_explicit_paths_win(tmp_path):
+    need(NAB.is_dir(), f"the NAB benchmark data is not at {NAB}")
+    assert nab.locate(NAB) == (NAB / "data", NAB / "windows.json", NAB / "profiles.json")
+    other = tmp_path / "profiles.json"
+    other.write_text("{}")
+    assert nab.locate(NAB, profiles=other)[2] == other
+    with pytest.raises(ValueError, match="is not a directory"):
+        nab.locate(tmp_path / "nowhere")
+    bare = tmp_path / "bare"  # a clone whose labels folder lost its file
+    (bare / "data").mkdir(parents=True)
+    (bare / "labels").mkdir()
+    with pytest.raises(ValueError, match=r"labels\) file .*labels/combined_windows\.json"):
+        nab.locate(bare)
+    with pytest.raises(ValueError, match="give a NAB root"):
+        nab.locate(None, data=NAB / "data")

@@ -47,6 +47,35 @@ class DataFile:
         return int(moment.timestamp() * 1e9)
 
 
+def locate(root: Path | None, data: Path | None = None, windows: Path | None = None,
+           profiles: Path | None = None) -> tuple[Path, Path, Path]:
+    """(data dir, windows file, profiles file) from a NAB root and/or explicit paths.
+
+    A root may be the official repository as it is cloned (`data/`,
+    `labels/combined_windows.json`, `config/profiles.json`) or the shared subset's flat layout
+    (`data/`, `windows.json`, `profiles.json`), so neither has to be rearranged; an explicit
+    path wins over the root's. ValueError names the first path that is missing.
+    """
+    if root is not None:
+        root = Path(root)
+        if not root.is_dir():
+            raise ValueError(f"the NAB root {root} is not a directory")
+        flat = not (root / "labels").exists() and (root / "windows.json").exists()
+        data = data or root / "data"
+        windows = windows or (root / "windows.json" if flat else
+                              root / "labels" / "combined_windows.json")
+        profiles = profiles or (root / "profiles.json" if flat else
+                                root / "config" / "profiles.json")
+    elif data is None or windows is None:
+        raise ValueError("give a NAB root (ROOT or --root), or both --data and --windows")
+    profiles = profiles or Path(windows).parent / "profiles.json"
+    for path, what in ((data, "data directory"), (windows, "windows (labels) file"),
+                       (profiles, "profiles file")):
+        if not Path(path).exists():
+            raise ValueError(f"the NAB {what} {path} does not exist")
+    return Path(data), Path(windows), Path(profiles)
+
+
 def load(data_dir: Path, windows_file: Path) -> list[DataFile]:
     """Every CSV named in the windows file that exists under `data_dir`."""
     windows = json.loads(Path(windows_file).read_text())
@@ -137,8 +166,10 @@ class ProfileScore:
     threshold: float
 
 
-def score(files: list[DataFile], profiles: dict[str, dict[str, float]]) -> list[ProfileScore]:
-    """The normalised NAB score of each profile, with the corpus-wide best threshold."""
+def score(files: list[DataFile], profiles: dict[str, dict[str, float]],
+          thresholds: dict[str, float] | None = None) -> list[ProfileScore]:
+    """The normalised NAB score of each profile, with the corpus-wide best threshold, or at
+    the given threshold of each profile (one chosen on other files: a held-out score)."""
     points, windows = _points(files)
     order = sorted(points, key=lambda p: p.score, reverse=True)
     out = []
@@ -161,8 +192,13 @@ def score(files: list[DataFile], profiles: dict[str, dict[str, float]]) -> list[
                 i += 1
             detected = sum(tp_w * w for w in best_window.values())
             raw = detected - fn_w * (windows - len(best_window)) + fp_sum
-            if raw > best_raw:
+            if thresholds is not None:
+                if threshold >= thresholds[name]:  # scores descend: the last one kept counts
+                    best_raw, best_threshold = raw, thresholds[name]
+            elif raw > best_raw:
                 best_raw, best_threshold = raw, threshold
+        if thresholds is not None:
+            best_threshold = thresholds[name]
         normalized = 100 * (best_raw - null) / (perfect - null) if perfect != null else 0.0
         out.append(ProfileScore(name, normalized, best_raw, best_threshold))
     return out

@@ -4,6 +4,8 @@ Implemented from the benchmark's published definitions (van den Burg and William
 precision against the union of the annotators' change points, recall averaged over annotators,
 index 0 counted as a change point on every side; cover averaged over annotators. The test
 checks this implementation against the published "no change points" figures of the data set.
+Reads the official repository's layout as it is (`datasets/<name>/<name>.json`,
+`analysis/annotations/annotations.json`) and the shared bench copy (annotations at the root).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -26,8 +29,28 @@ class Series:
         return len(self.values[0])
 
 
+ANNOTATIONS = (Path("analysis", "annotations", "annotations.json"), Path("annotations.json"))
+
+
+def locate(root: Path) -> tuple[Path, Path]:
+    """(datasets directory, annotations file) of a TCPD checkout; FileNotFoundError naming
+    the missing path otherwise."""
+    data = Path(root) / "datasets"
+    if not data.is_dir():
+        raise FileNotFoundError(f"no TCPD datasets directory at {data}")
+    for relative in ANNOTATIONS:
+        if (Path(root) / relative).is_file():
+            return data, Path(root) / relative
+    raise FileNotFoundError(f"no TCPD annotations at {Path(root) / ANNOTATIONS[0]} "
+                            f"(nor at {Path(root) / ANNOTATIONS[1]})")
+
+
 def load(data_dir: Path, annotations_file: Path) -> list[Series]:
     """Every data set of a TCPD-format directory that has annotations."""
+    if not Path(data_dir).is_dir():
+        raise FileNotFoundError(f"no TCPD datasets directory at {data_dir}")
+    if not Path(annotations_file).is_file():
+        raise FileNotFoundError(f"no TCPD annotations file at {annotations_file}")
     annotations = json.loads(Path(annotations_file).read_text())
     out = []
     for name in sorted(annotations):
@@ -93,6 +116,43 @@ def forward_filled(values: list[float | None]) -> list[float]:
     return out
 
 
+def standardised(series: Series) -> Any:
+    """The series as an (n_obs, dimensions) array, missing values carried forward and each
+    dimension scaled to mean 0 and variance 1 (as the TCPD reference does before every method;
+    a constant dimension stays 0). The penalties here scale with the signal, so a univariate
+    segmentation does not change; dimensions of different units weigh alike."""
+    import numpy as np
+
+    x = np.column_stack([np.asarray(forward_filled(v), dtype=float) for v in series.values])
+    x -= x.mean(axis=0)
+    sd = x.std(axis=0)
+    return x / np.where(sd > 0, sd, 1.0)
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    dimensions: int
+    f1: float
+    cover: float
+    baseline_f1: float  # "no change points"
+    baseline_cover: float
+
+
+def evaluate(series: list[Series], segment: Callable[[Any], list[int]],
+             margin: int = 5) -> list[Result]:
+    """F1 and cover of `segment` (given the standardised (n_obs, dimensions) array) on each
+    series, next to the no-change baseline."""
+    out = []
+    for s in series:
+        cps = segment(standardised(s))
+        out.append(Result(s.name, len(s.values), f_measure(s.annotations, cps, margin)[0],
+                          covering(s.annotations, cps, s.n_obs),
+                          f_measure(s.annotations, [], margin)[0],
+                          covering(s.annotations, [], s.n_obs)))
+    return out
+
+
 @dataclass(frozen=True)
 class Score:
     series: int
@@ -102,17 +162,9 @@ class Score:
     baseline_cover: float
 
 
-def score(series: list[Series], segment: Callable[[list[float]], list[int]],
-          margin: int = 5) -> Score:
-    """Mean F1 and cover of `segment` over univariate series, next to the no-change baseline."""
-    univariate = [s for s in series if len(s.values) == 1]
-    f1s, covers, base_f, base_c = [], [], [], []
-    for s in univariate:
-        cps = segment(forward_filled(s.values[0]))
-        f1s.append(f_measure(s.annotations, cps, margin)[0])
-        covers.append(covering(s.annotations, cps, s.n_obs))
-        base_f.append(f_measure(s.annotations, [], margin)[0])
-        base_c.append(covering(s.annotations, [], s.n_obs))
-    n = max(len(univariate), 1)
-    return Score(len(univariate), sum(f1s) / n, sum(covers) / n, sum(base_f) / n,
-                 sum(base_c) / n)
+def summary(results: list[Result]) -> Score:
+    """The means over `results` (all zeros when there are none)."""
+    n = max(len(results), 1)
+    return Score(len(results), sum(r.f1 for r in results) / n,
+                 sum(r.cover for r in results) / n, sum(r.baseline_f1 for r in results) / n,
+                 sum(r.baseline_cover for r in results) / n)
