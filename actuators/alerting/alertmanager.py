@@ -15,9 +15,16 @@ What each answer means:
 - 400: Alertmanager refused some alerts as invalid (it keeps the valid ones of the request):
   a retry would be refused again, so the request counts as told, the problem is logged and
   shown on /readyz, and the next resend tries again.
+- 401 or 403 (wrong or rotated credentials, a client certificate refused), credentials that
+  cannot be read, a certificate not trusted: an authentication or TLS failure, shown as such
+  on /readyz (`failure`: auth, tls), since waiting alone will not fix it. The alerts stay in
+  the spool and are posted again after the backoff, with the credentials read again (a fixed
+  Secret is used at the next try, without a restart).
 - any other status, a timeout, a refused connection: posted again after a backoff (1 s
   doubling, at most `resend_interval`, ±20%); the post is idempotent, so a request that did
   arrive before its answer was lost does no harm when repeated.
+
+The HTTP side (credentials, TLS, redirects) is am_http.py.
 """
 
 from __future__ import annotations
@@ -25,16 +32,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from sloguard import __version__
 from sloguard.actuators.alerting.am_alert import MAX_REQUEST_BYTES, batches, with_ends_at
+from sloguard.actuators.alerting.am_http import AlertmanagerClient
 from sloguard.actuators.alerting.am_spool import Spool
 from sloguard.actuators.alerting.config import AlertmanagerConfig
 from sloguard.actuators.alerting.retry import backoff_s
+from sloguard.core.config import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +59,7 @@ class _Peer:
         self.url = url
         self.endpoint = url + "/api/v2/alerts"
         self.problem = ""
+        self.failure = ""  # am_http's AUTH, TLS, UNREACHABLE, HTTP; '' when delivering
         self.delivered = 0  # alerts accepted
         self.last_success_ns = 0
         self.failures = 0
@@ -87,10 +96,12 @@ class _Peer:
         start, refused = 0, ""
         for body, count in batches(docs, sender.config.max_batch, MAX_REQUEST_BYTES):
             chunk = items[start:start + count]
-            status, text = self._post(body)
-            if status // 100 != 2 and status != REFUSED:
-                self._failed(f"HTTP {status} {text}" if status else text)
+            answer = sender.client.post(self.endpoint, body, sender.config.timeout)
+            status, text = answer.status, answer.text
+            if answer.failure:
+                self._failed(answer.failure, text)
                 return self.retry_at - time.monotonic()
+            self.failure = ""
             sender.spool.told(sender.name, self.url, chunk, time.time_ns())
             start += count
             self.failures = 0
@@ -110,32 +121,14 @@ class _Peer:
             self.next_full = time.monotonic() + sender.config.resend_interval
         return 0.0
 
-    def _post(self, body: bytes) -> tuple[int, str]:
-        """(status, what Alertmanager answered); status 0 when no answer came."""
-        request = urllib.request.Request(
-            self.endpoint, data=body, method="POST",
-            headers={"Content-Type": "application/json",
-                     "User-Agent": f"sloguard/{__version__}"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.sender.config.timeout) as reply:
-                return reply.status, ""
-        except urllib.error.HTTPError as exc:
-            try:
-                text = exc.read(500).decode(errors="replace").strip()
-            except OSError:
-                text = ""
-            return exc.code, text
-        except (OSError, ValueError) as exc:  # URLError, timeout, reset
-            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-            return 0, f"{reason.__class__.__name__}: {reason}"[:300]
-
-    def _failed(self, error: str) -> None:
+    def _failed(self, failure: str, error: str) -> None:
         self.failures += 1
         low, high = self.sender.backoff_s
         delay = backoff_s(self.failures, low, min(high, self.sender.config.resend_interval))
         self.retry_at = time.monotonic() + delay
         self.sender.on_result(KIND, "retry")
         self._set_problem(f"{error} (retrying in {delay:.1f}s)")
+        self.failure = failure  # after the problem: whoever sees the kind reads its text
 
     def _set_problem(self, problem: str) -> None:
         if problem.split(" (retrying")[0] != self.problem.split(" (retrying")[0]:
@@ -154,8 +147,23 @@ class AlertmanagerSender:
         self.spool = spool
         self.on_result = on_result
         self.backoff_s = backoff_s
+        self.client = AlertmanagerClient(config, f"sloguard/{__version__}")
         self.peers = [_Peer(self, url) for url in config.urls]
         self._stop = threading.Event()
+        self._warn_insecure()
+
+    def _warn_insecure(self) -> None:
+        """Say once, at start, what sends alerts or credentials where anyone can read them."""
+        if self.config.tls_config and self.config.tls_config.insecure_skip_verify:
+            log.warning("receiver %s: tls_config.insecure_skip_verify: the Alertmanager's "
+                            "certificate is not verified", self.name)
+        if self.config.basic_auth is None and self.config.authorization is None:
+            return
+        for url in self.config.urls:
+            parts = urlsplit(url)
+            if parts.scheme == "http" and not is_loopback(parts.hostname or ""):
+                log.warning("receiver %s: credentials sent over plain http to %s: use https "
+                            "(or a proxy on the node)", self.name, url)
 
     @property
     def problem(self) -> str:
@@ -193,5 +201,5 @@ class AlertmanagerSender:
 
     def status(self) -> dict[str, Any]:
         return {"mode": "alertmanager", "urls": {
-            p.url: {"delivered": p.delivered, "problem": p.problem,
+            p.url: {"delivered": p.delivered, "problem": p.problem, "failure": p.failure,
                     "last_success_ns": p.last_success_ns} for p in self.peers}}

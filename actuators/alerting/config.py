@@ -73,6 +73,89 @@ def _alertmanager_url(url: str) -> str:
 
 AlertmanagerURL = Annotated[str, AfterValidator(_alertmanager_url)]
 
+_IN_FILE = ("a secret written in the config file shows wherever the file goes (a ConfigMap, "
+            "git): use {name}_file (a mounted Secret, re-read when it changes) or {name}_env")
+
+
+def _one_source(section: Section, name: str) -> None:
+    """Exactly one of NAME_file, NAME_env; an inline NAME is refused, saying why."""
+    if getattr(section, name, None) is not None:
+        raise ValueError(_IN_FILE.format(name=name))
+    sources = secret_sources(section, name)
+    if len(sources) != 1:
+        raise ValueError(f"give exactly one of {name}_file, {name}_env")
+
+
+class BasicAuthConfig(Section):
+    """HTTP basic auth, as Prometheus' `basic_auth` (Alertmanager's --web.config.file
+    `basic_auth_users`, or a proxy in front of it)."""
+
+    username: str = Field(min_length=1)
+    password: SecretStr | None = Field(None, description="refused: use password_file or _env")
+    password_file: str | None = Field(None, description="re-read on every request")
+    password_env: str | None = None
+
+    @field_validator("username")
+    @classmethod
+    def _username(cls, value: str) -> str:
+        if ":" in value or not value.isprintable():
+            raise ValueError("no ':' (basic auth joins the username to the password with one) "
+                             "and no control characters")
+        return value
+
+    @model_validator(mode="after")
+    def _password(self) -> BasicAuthConfig:
+        _one_source(self, "password")
+        return self
+
+
+class AuthorizationConfig(Section):
+    """An Authorization header, as Prometheus' `authorization` (a bearer token for a proxy
+    such as kube-rbac-proxy or oauth2-proxy in front of Alertmanager)."""
+
+    type: str = Field("Bearer", pattern=r"^[A-Za-z][A-Za-z0-9!#$%&'*+.^_`|~-]*$",
+                      description="the scheme: Authorization: <type> <credentials>")
+    credentials: SecretStr | None = Field(
+        None, description="refused: use credentials_file or _env")
+    credentials_file: str | None = Field(None, description="re-read on every request")
+    credentials_env: str | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _not_basic(cls, value: str) -> str:
+        if value.lower() == "basic":
+            raise ValueError("use `basic_auth` for Basic (it encodes username and password)")
+        return value
+
+    @model_validator(mode="after")
+    def _credentials(self) -> AuthorizationConfig:
+        _one_source(self, "credentials")
+        return self
+
+
+class TLSConfig(Section):
+    """How to check the Alertmanager's certificate and which one to show it, as Prometheus'
+    `tls_config`. The files are read again when they change (cert-manager rotates them)."""
+
+    ca_file: str | None = Field(None, description="CA to verify the server; default: the "
+                                                  "system's")
+    cert_file: str | None = Field(None, description="client certificate (with key_file), for "
+                                                    "Alertmanager's client_auth_type")
+    key_file: str | None = None
+    server_name: str | None = Field(
+        None, min_length=1, description="the name the server's certificate must carry (and "
+                                        "SNI); default: the URL's host")
+    insecure_skip_verify: bool = Field(
+        False, description="do not verify the server's certificate (anyone on the path can "
+                           "read the alerts and the credentials)")
+
+    @model_validator(mode="after")
+    def _pair(self) -> TLSConfig:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file go together (the client certificate and "
+                             "its private key)")
+        return self
+
 
 class AlertmanagerConfig(Section):
     """A real Alertmanager (API v2): every alert routed here is posted to each URL, as
@@ -90,6 +173,18 @@ class AlertmanagerConfig(Section):
         default_factory=dict, description="added to every alert (e.g. cluster: prod), as "
                                           "Prometheus' external_labels; the alert's own win")
     max_batch: int = Field(64, ge=1, le=1000, description="alerts per request at most")
+    basic_auth: BasicAuthConfig | None = None
+    authorization: AuthorizationConfig | None = None
+    tls_config: TLSConfig | None = Field(None, description="for https URLs")
+
+    @model_validator(mode="after")
+    def _auth(self) -> AlertmanagerConfig:
+        if self.basic_auth is not None and self.authorization is not None:
+            raise ValueError("give basic_auth or authorization, not both (one Authorization "
+                             "header)")
+        if self.tls_config is not None and not any(u.startswith("https:") for u in self.urls):
+            raise ValueError("tls_config is set but no URL is https://")
+        return self
 
     @field_validator("urls")
     @classmethod

@@ -38,7 +38,7 @@ from sloguard.core.yamlfile import YamlFileError, read_yaml
 
 # Settings whose values never appear in output, logs or errors (pydantic's SecretStr prints
 # them as '**********'; errors about them leave the given value out).
-SECRET_FIELDS = frozenset({"token", "password"})
+SECRET_FIELDS = frozenset({"token", "password", "credentials"})
 
 ENV_PREFIX = "SLOGUARD_"
 
@@ -116,7 +116,8 @@ Matchers = Annotated[list[str], AfterValidator(_matchers)]
 # A secret setting NAME may be given as NAME (inline; masked by `config show`, never echoed in
 # errors), NAME_file (a path, e.g. a mounted Kubernetes Secret, read when it is needed, so a
 # rotated secret is picked up) or NAME_env (the environment variable holding it). Only one.
-SECRET_NAMES = frozenset({"webhook_url", "bot_token", "token", "ingest_token"})
+SECRET_NAMES = frozenset({"webhook_url", "bot_token", "token", "ingest_token",
+                          "database_password", "password", "credentials"})
 
 
 
@@ -308,7 +309,7 @@ def _describe(exc: ValidationError, loaded: LoadedSettings) -> str:
                 isinstance(given, dict)):
             given = None  # never echo a secret back (nor a whole section)
         elif isinstance(given, str) and "@" in given and path and (
-                path[-1] == "url" or path[-2:-1] == ("urls",)):
+                path[-1] in ("url", "database") or path[-2:-1] == ("urls",)):
             given = None  # user:password@host
         if error["type"] == "extra_forbidden":
             message = "unknown setting (check the spelling; `sloguard config show` lists them)"
