@@ -6,8 +6,8 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .PHONY: run test install install-test test-deps kube-testenv node-testenv influx-testenv \
-	browser-testenv docker-testenv lab-testenv alertmanager-testenv test-images bcc-setup lint \
-	bench lab clean
+	browser-testenv docker-testenv lab-testenv alertmanager-testenv postgres-testenv \
+	prometheus-testenv test-images bcc-setup lint bench lab clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +36,8 @@ bcc-setup: $(VENV)/.installed
 
 ## Servers and binaries the tests talk to: a real Kubernetes node's binaries (kube-testenv, built
 ## from Debian's source package and cached after the first build); and node-testenv: BCC,
-## Debian's influxdb, victoria-metrics and prometheus-alertmanager (their services are not
-## started), chromium, Docker with a debootstrapped bookworm base image for the image test,
+## Debian's influxdb, victoria-metrics, prometheus-alertmanager, postgresql and prometheus
+## (their services and the package's own PostgreSQL cluster are not started), chromium, Docker with a debootstrapped bookworm base image for the image test,
 ## stress-ng and redis-server for the interference lab; then test-images. The Kubernetes build and the rest are independent:
 ## `make -j2 test-deps` runs them side by side.
 test-deps: kube-testenv node-testenv test-images
@@ -50,7 +50,7 @@ kube-testenv:
 
 ## One target per script, so that `make -j2` can overlap them: none needs the venv but BCC's.
 node-testenv: docker-testenv bcc-setup influx-testenv browser-testenv lab-testenv \
-	alertmanager-testenv
+	alertmanager-testenv postgres-testenv prometheus-testenv
 
 docker-testenv:
 	bash scripts/docker-testenv.sh
@@ -66,6 +66,16 @@ lab-testenv:
 
 alertmanager-testenv:
 	bash scripts/alertmanager-testenv.sh
+
+## Debian's postgresql for the cluster server's PostgreSQL tests, which start their own server
+## from initdb in a temp dir as the `postgres` user (tests/support/postgres.py).
+postgres-testenv:
+	bash scripts/postgres-testenv.sh
+
+## Debian's prometheus (2.42) and promtool for tests/test_prometheus_rules.py, which runs
+## its own server on loopback (tests/support/prometheus.py); the package's service is disabled.
+prometheus-testenv:
+	bash scripts/prometheus-testenv.sh
 
 ## The agent's and the lab workload's images into Docker's layer cache, while the Kubernetes
 ## build still runs: the image test and the node fixture then build from the cache (on a fresh

@@ -77,6 +77,7 @@ class Ladder(StandingLevers):
         background: bool = False,
         cause_present: Callable[[str], bool | None] = lambda policy: None,
         confirm: Callable[[str], bool] = lambda policy: True,
+        on_audit: Callable[[AuditEntry], None] = lambda entry: None,
     ) -> None:
         self.node = node
         self.policies = policies
@@ -91,6 +92,8 @@ class Ladder(StandingLevers):
         # Agent.confirm_interference: the policy's rules judged again on fresh BE samples
         # right before a lever goes on (the last ones may predate the antagonist's end)
         self.confirm = confirm
+        # each audit entry once the ledger holds it (the agent counts outcomes for /metrics)
+        self.on_audit = on_audit
         self._kept: set[str] = set()  # policies whose levers the cause keeps (logged once)
         self._standing_due: dict[tuple[str, int], int] = {}  # a standing undo's back-off
         # a standing lever's last full check: the BE inventory it saw, and when
@@ -716,6 +719,7 @@ class Ladder(StandingLevers):
                 if undone.status != FAILED:
                     self._drop_intent(row.policy, row.rung)
             raise
+        self.on_audit(entry)
         self._note(incident, row.kind, action, entry.dry_run, result, now_ns)
 
     def _drop_intent(self, policy: str, rung: int) -> None:
@@ -828,6 +832,7 @@ class Ladder(StandingLevers):
                                    intent.rung, intent.kind, "apply", False, SKIPPED,
                                    result.target, result.detail, reason)
                 self.ledger.settle(audit=entry, intent_done=(intent.policy, intent.rung))
+                self.on_audit(entry)
                 self._note(incident, intent.kind, "apply", False, result, now_ns)
                 return
             undo = result.undo

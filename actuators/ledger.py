@@ -23,7 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from sloguard.core import failpoints
+from sloguard.core.audit import AuditEntry
 from sloguard.store.sqlite import add_column, open_db
+
+__all__ = ["AuditEntry", "Descent", "Intent", "Ledger", "RungState"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rungs (
@@ -136,23 +139,6 @@ class Intent:
     spec: dict[str, Any]
     undo: dict[str, Any]
     started_ns: int
-
-
-@dataclass
-class AuditEntry:
-    time_ns: int
-    node: str
-    incident: str
-    policy: str
-    rung: int
-    kind: str
-    action: str  # apply | undo
-    dry_run: bool
-    status: str
-    target: str
-    detail: str
-    reason: str
-    id: int | None = None
 
 
 def _plain(value: Any) -> Any:

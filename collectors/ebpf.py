@@ -206,6 +206,15 @@ class EbpfCollector:
     def attached(self) -> list[str]:
         return [p.family.name for p in self.programs]
 
+    def attachment(self) -> dict[str, bool]:
+        """Each wanted family: attached and its map read on the last drain ({} while eBPF is
+        off or not started: nothing was expected of it yet)."""
+        if not (self.config.enabled and self.started):
+            return {}
+        attached = set(self.attached)
+        return {f.name: f.name in attached and f.name not in self.counters.errors
+                for f in self.wanted()}
+
     # -- collection ----------------------------------------------------------------------
 
     def collect(self, now_ns: int) -> list[Sample]:

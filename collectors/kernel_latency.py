@@ -18,6 +18,7 @@ from sloguard.collectors.hookspecs import hookimpl
 from sloguard.collectors.schedstat import SchedstatCollector
 from sloguard.core.health import ComponentStatus
 from sloguard.core.samples import Sample
+from sloguard.core.selfmetrics import EbpfMetrics
 
 
 def attribution_mode(key: str, cgroups: CgroupCollector) -> str:
@@ -39,7 +40,10 @@ class KernelLatencyCollector(CollectorBase):
         cfg = ctx.settings.collectors
         if not (cfg.ebpf.enabled or cfg.ebpf.fallback):
             return None
-        return cls(ctx.node, cfg, ctx.built.get("cgroups"))
+        collector = cls(ctx.node, cfg, ctx.built.get("cgroups"))
+        if ctx.metrics is not None:
+            ctx.metrics.register(EbpfMetrics(collector.ebpf.attachment))
+        return collector
 
     def __init__(self, node: str, config: CollectorsConfig,
                  cgroups: CgroupCollector | None) -> None:

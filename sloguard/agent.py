@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from sloguard.actuators.env import ActuatorEnv
 from sloguard.actuators.guard_cost import MAX_STEP_S, GuardCost
-from sloguard.actuators.kinds import StepFactory
+from sloguard.actuators.kinds import BUILTIN_STEPS, StepFactory
 from sloguard.actuators.ladder import Ladder
 from sloguard.actuators.ledger import Ledger
 from sloguard.actuators.policy import PolicySet
@@ -33,7 +33,12 @@ from sloguard.core.clock import SYSTEM, Clock
 from sloguard.core.health import ComponentStatus
 from sloguard.core.incidents import Incident
 from sloguard.core.samples import Sample
-from sloguard.core.selfmetrics import AgentMetrics, GuardCostMetrics, forward_metrics
+from sloguard.core.selfmetrics import (
+    AgentMetrics,
+    GuardCostMetrics,
+    forward_metrics,
+    forward_skipped_metric,
+)
 from sloguard.core.units import format_duration
 from sloguard.detector.attribution.attributor import Attributor
 from sloguard.detector.attribution.case import as_reader
@@ -69,7 +74,9 @@ class Agent:
         except OSError as exc:
             raise StoreError(f"data_dir {data_dir}: cannot create it: {exc.strerror}") from exc
         self.store = open_configured_store(settings.store, settings.data_dir, self.metrics)
-        self.incidents = IncidentStore(data_dir / "incidents.db")
+        # a firing incident with only more evidence is a change every forward.refresh
+        self.incidents = IncidentStore(data_dir / "incidents.db",
+                                       refresh_s=settings.forward.refresh)
         self.pods: Any = None
         self._kube_error = ""
         if settings.kubernetes.enabled:
@@ -97,6 +104,7 @@ class Agent:
         self.rules = RuleSet(list(settings.rules.paths), validate_params=self.detectors.check)
         self.windows = RecentWindows()
         self.ladder = self._build_ladder(data_dir)
+        self.metrics.expect_failures(self.store.name, BUILTIN_STEPS)
         self.engine = Engine(
             windows=self.windows,
             incidents=self.incidents,
@@ -192,6 +200,8 @@ class Agent:
             # BE still busy after an episode: its levers stay (the engine is built after)
             cause_present=lambda policy: self.engine.cause_present(policy),
             confirm=self.confirm_interference,
+            on_audit=lambda entry: self.metrics.actions.labels(
+                entry.kind, entry.action, entry.status).inc(),
         )
 
     def _per_workload(self, kind: str) -> bool:
@@ -226,7 +236,8 @@ class Agent:
         from sloguard.forwarder import Forwarder
 
         sent = forward_metrics(self.registry)
-        forwarder = Forwarder(cfg, self.node, self.incidents, self.ledger, data_dir, sent)
+        forwarder = Forwarder(cfg, self.node, self.incidents, self.ledger, data_dir, sent,
+                              forward_skipped_metric(self.registry))
         self.metrics.gauge_callback(
             "sloguard_forward_backlog", "Incidents (changes) and audit entries not yet sent",
             "kind", forwarder.backlog)
@@ -486,6 +497,10 @@ class Agent:
 
     def ingest_router(self) -> None:
         return None
+
+    def fleet_summary(self, since_ns: int, until_ns: int, buckets: int,
+                      limit: int) -> None:
+        return None  # one node: its incident list is the whole story
 
     def call_on_loop(self, work: Any, timeout_s: float = 10.0) -> Any:
         """Run `work()` on the agent's loop thread between ticks (the engine and the ladder

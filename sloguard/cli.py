@@ -76,10 +76,13 @@ def server(config: ConfigOpt = None, data_dir: DataDirOpt = None,
     from sloguard.cluster import ClusterServer
     from sloguard.core.config import secret_sources
 
-    if not secret_sources(settings.server, "ingest_token"):
-        typer.echo("sloguard: configuration error:\nserver.ingest_token: required (or "
-                   "ingest_token_file, ingest_token_env): the token agents send with their "
-                   "incidents; it must differ from ui.token", err=True)
+    if not secret_sources(settings.server, "ingest_token") and \
+            not settings.server.node_tokens_file and settings.server.node_auth != "tokenreview":
+        typer.echo("sloguard: configuration error:\nserver.node_tokens_file, "
+                   "server.node_auth: tokenreview or server.ingest_token: one is required "
+                   "(ingest_token may be given as "
+                   "ingest_token_file or ingest_token_env): the tokens agents send with their "
+                   "incidents; they must differ from ui.token", err=True)
         raise typer.Exit(2)
     _serve(settings, ClusterServer, "cluster UI and API")
 
@@ -98,12 +101,13 @@ def _serve(settings: Any, build: Any, what: str) -> None:
     directory is a bad configured value (exit 2), a port that cannot be bound exits 1."""
     import uvicorn
 
+    from sloguard.core.config import ConfigError
     from sloguard.store import StoreError
     from sloguard.ui.app import create_app, server_options
 
     try:
         subject = build(settings)
-    except StoreError as exc:
+    except (StoreError, ConfigError) as exc:
         typer.echo(f"sloguard: {exc}", err=True)
         raise typer.Exit(2) from None
     host, port = settings.listen_host_port
@@ -307,7 +311,7 @@ def backtest(
         raise typer.Exit(2)
     try:
         store = open_configured_store(settings.store, settings.data_dir, writer=False)
-    except StoreError as exc:
+    except (StoreError, ConfigError) as exc:
         typer.echo(f"sloguard: {exc}", err=True)
         raise typer.Exit(2) from None
 

@@ -405,3 +405,22 @@ def victoria_server():
     need(not missing, missing)
     with VictoriaMetricsServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """Debian's PostgreSQL on loopback for the session, from initdb in a temp dir, run as the
+    `postgres` user under root (support/postgres.py); password authentication over TCP."""
+    from support.postgres import PostgresServer, missing_message
+
+    missing = missing_message()
+    need(not missing, missing)
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_db(postgres_server) -> str:
+    """A fresh, empty database on the session's PostgreSQL: its URL (no password in it; the
+    password is `postgres_server.password`)."""
+    return postgres_server.create_database()

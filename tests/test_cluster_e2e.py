@@ -15,7 +15,7 @@ from test_agent_e2e import AgentProcess, _free_port
 
 INGEST = "ingest-secret-token"
 UI = "ui-secret-token"
-FRESH_NS = 3 * 10**9  # ten forwarding intervals of 300 ms
+FRESH_NS = 3 * 10**9  # forward.refresh (1 s) and a few forwarding intervals of 300 ms
 RULES = """\
 groups:
   - name: cluster
@@ -87,7 +87,7 @@ def _agent(tmp_path: Path, binary: str, name: str, server_url: str) -> AgentProc
         "collectors:\n  cgroups: {enabled: false}\n"
         f"ui:\n  token: {UI}\n"
         f"forward:\n  url: {server_url}\n  token_env: SLOGUARD_TEST_INGEST\n"
-        "  interval: 300ms\n  batch: 2\n")
+        "  interval: 300ms\n  batch: 2\n  refresh: 1s\n")  # the evidence trails by 1 s at most
     return AgentProcess(binary, config, home / "data", home / "agent.log")
 
 
@@ -100,7 +100,8 @@ def _view(server: ServerProcess) -> tuple[list[dict], list[dict]]:
 def _same(server: ServerProcess, agents: list[AgentProcess]) -> bool:
     """The server holds exactly the incidents and actions the agents hold, each incident in
     the same state with the same actions. A firing incident is saved on every evaluation (its
-    `updated_ns` moves each tick), so the server's copy may trail by a few forwarding intervals:
+    `updated_ns` moves each tick) but sent only when it is news or every `forward.refresh`, so
+    the server's copy may trail by that and a few forwarding intervals:
     the agents are read first, and the server's copy must be no older than `FRESH_NS` before
     theirs."""
     want_incidents, want_actions = [], []

@@ -305,7 +305,10 @@ def test_every_dependency_is_pinned_in_the_lock():
             assert spec.operator == "==", line
             pins[req.name.lower().replace("_", "-")] = spec.version
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    for dependency in project["dependencies"]:
+    # the server image may keep its incidents in PostgreSQL (server.database)
+    postgres = project["optional-dependencies"]["postgres"]
+    assert {"psycopg-binary", "psycopg-pool"} <= set(pins)  # psycopg[binary,pool]
+    for dependency in project["dependencies"] + postgres:
         req = Requirement(dependency)
         name = req.name.lower().replace("_", "-")
         assert name in pins, f"{name} is not pinned in deploy/requirements.lock"
@@ -366,12 +369,16 @@ def test_the_server_renders_and_its_config_runs_the_real_server(tmp_path: Path,
     import httpx
 
     objects = render("server")
-    assert sorted(o["kind"] for o in objects) == ["ConfigMap", "Deployment", "Service"]
+    assert sorted(o["kind"] for o in objects) == [
+        "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "Role", "RoleBinding",
+        "Service", "ServiceAccount"]
     deployment = one(objects, "Deployment", "sloguard-server")
     pod = deployment["spec"]["template"]["spec"]
     [container] = pod["containers"]
     assert container["command"][:2] == ["sloguard", "server"]
-    assert pod["automountServiceAccountToken"] is False  # it needs no Kubernetes API
+    # no Kubernetes API token unless node_auth: tokenreview is chosen (rbac.yaml)
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["serviceAccountName"] == "sloguard-server"
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     configmap = one(objects, "ConfigMap")
     names = {v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}

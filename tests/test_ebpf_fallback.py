@@ -226,3 +226,37 @@ def test_programs_load_into_an_agent_holding_over_1024_descriptors():
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_families_that_cannot_attach_are_exported_as_0_for_the_alert(tmp_path):
+    """sloguard_ebpf_attached: 0 for each family asked for and not feeding the agent (whatever
+    kept it from loading), nothing while eBPF is off or not started (nothing expected yet)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from sloguard.collectors.base import CollectorContext
+    from sloguard.collectors.kernel_latency import KernelLatencyCollector
+    from sloguard.settings import Settings
+
+    settings = Settings.model_validate({"collectors": {
+        "cgroups": {"include": []},
+        "ebpf": {"kernel_source": str(tmp_path / "absent"), "syscall": False}}})
+    registry = CollectorRegistry()
+    kernel = KernelLatencyCollector.create(
+        CollectorContext("test-node", settings, metrics=registry, built={}))
+    assert kernel is not None
+    assert "sloguard_ebpf_attached{" not in generate_latest(registry).decode()  # not started
+    saved = os.environ.get("BCC_KERNEL_SOURCE")
+    kernel.start()
+    try:
+        exported = generate_latest(registry).decode()
+        for family in ("runqueue", "block_io", "reclaim"):
+            assert f'sloguard_ebpf_attached{{family="{family}"}} 0.0' in exported, exported
+        assert 'family="syscall"' not in exported  # not asked for
+    finally:
+        kernel.close()
+        if saved is not None:
+            os.environ["BCC_KERNEL_SOURCE"] = saved
+    _, off = kernel_collectors([], enabled=False)
+    off.start()
+    assert off.ebpf.attachment() == {}
+    off.close()

@@ -1088,3 +1088,19 @@ def test_every_shipped_rule_names_a_shipped_policy_and_each_cause_gets_its_own_l
     assert levers("ls-memory", ["cpuset"]) == ["memory_limit"]
     # an I/O-bound BE: SCHED_IDLE, never cpuset (the lab: it made the io tail worse)
     assert levers("ls-io", ["cpuset"]) == ["cpu_idle"]
+
+
+def test_each_audit_entry_is_handed_on_once_the_ledger_holds_it(tmp_path):
+    """What the agent counts for /metrics (sloguard_actions_total, the SloguardActionsFailing
+    alert): every outcome the audit records, failures included, and nothing it does not."""
+    h = Harness(tmp_path)
+    handed: list[Any] = []
+    h.ladder.on_audit = handed.append
+    Mark.fail_times = 2
+    incident = h.incident(0)
+    for second in (0, 10, 15, 25):
+        h.tick(second, [incident])
+    audit = h.ledger.audit_log()
+    assert sorted((e.kind, e.action, e.status, e.time_ns) for e in handed) == sorted(
+        (e.kind, e.action, e.status, e.time_ns) for e in audit)
+    assert [e.status for e in handed].count(FAILED) == 2

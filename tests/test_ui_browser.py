@@ -215,3 +215,101 @@ def test_the_suspects_table_and_their_signals_chart(tmp_path):
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "incident-suspects.png"), full_page=True)
             browser.close()
+
+
+def test_the_cluster_front_page_shows_the_fleet(tmp_path):
+    """`sloguard server`'s front page: the three sections of the fleet summary, with a node and
+    a workload named to run script, shown as text (in the SVG chart too); the suffering
+    node's link opens its firing incidents."""
+    need(_chromium() is not None, "Debian's chromium is not installed "
+                                  "(scripts/browser-testenv.sh installs it)")
+    import socket
+    import threading
+
+    import uvicorn
+    from playwright.sync_api import sync_playwright
+
+    from sloguard.cluster import ClusterServer
+    from sloguard.core.incidents import Incident
+    from sloguard.settings import load_settings
+    from sloguard.ui.app import create_app
+
+    evil_node = '<script>window.__xss=1</script>n'
+    evil_pod = '<img src=x onerror="window.__xss=2">'
+    config = tmp_path / "server.yaml"
+    config.write_text(f"data_dir: {tmp_path / 'data'}\nserver:\n  ingest_token: agents\n")
+    server = ClusterServer(load_settings(config).settings)
+    now = time.time_ns()
+
+    def incident(node: str, n: int, ago_s: int, state: str, severity: str,
+                 pods: list[str]) -> Incident:
+        started = now - ago_s * S
+        return Incident(
+            id=f"{node}-{n}", fingerprint=f"fp{n}", rule="LSSlow", group="ls",
+            severity=severity, node=node, state=state, series={}, started_ns=started,
+            updated_ns=started + S, fired_ns=started + S, summary=f"slow on {node}",
+            suspects=[{"cgroup": f"/be/{p}", "score": 0.8, "rank": k + 1, "resource": "cpu",
+                       "workload": {"pod": p, "namespace": "batch"}, "clues": []}
+                      for k, p in enumerate(pods)])
+
+    server.ingest(evil_node, [incident(evil_node, 1, 600, "firing", "critical", [evil_pod]),
+                              incident(evil_node, 2, 5 * 3600, "resolved", "warning",
+                                       [evil_pod, "etl"])], [], now, {})
+    server.ingest("node-b", [incident("node-b", k, 3600 * k + 60, "resolved", "info", ["etl"])
+                             for k in range(1, 4)], [], now, {})
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    web = uvicorn.Server(uvicorn.Config(create_app(server, manage_lifecycle=False),
+                                        host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=web.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not web.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1280, "height": 1200})
+            page.goto(f"http://127.0.0.1:{port}/")
+            suffering = page.locator("#suffering tbody tr")
+            assert suffering.count() == 1  # node-b has nothing firing
+            row = suffering.nth(0).inner_text()
+            assert evil_node in row and "critical" in row and "\t1\t" in row
+            # the chart: a row per node, bars with titles, the names as text
+            svg = page.locator("#per-node svg")
+            assert svg.get_attribute("role") == "img"
+            assert page.locator("#per-node svg rect").count() == 5  # 5 incidents, 5 buckets
+            titles = page.evaluate(
+                "() => [...document.querySelectorAll('#per-node svg title')]"
+                ".map(t => t.textContent)")
+            assert evil_node in titles and "node-b" in titles
+            assert any(t.startswith(evil_node + ", ") and t.endswith(": 1 incident")
+                       for t in titles)
+            # the same counts as a table, behind its summary
+            assert page.locator("#per-node-table").inner_text() == ""
+            page.get_by_text("the counts as a table").click()
+            table = page.locator("#per-node-table tbody tr")
+            assert [r.inner_text().split("\t")[0] for r in table.all()] == [
+                "node-b", evil_node]  # the most incidents first
+            assert table.nth(0).inner_text().split("\t")[-1] == "3"
+            culprits = [r.inner_text().split("\t") for r in
+                        page.locator("#culprits tbody tr").all()]
+            assert culprits == [["batch/etl", "3", "4", "2"],  # first 3 times, named 4
+                                [f"batch/{evil_pod}", "2", "2", "1"]]
+            assert page.evaluate("() => window.__xss") is None
+            assert page.locator("#fleet script, #fleet img").count() == 0
+            page.screenshot(path=str(ARTIFACTS / "cluster-fleet.png"), full_page=True)
+            suffering.nth(0).get_by_role("link").click()
+            page.wait_for_url(lambda u: "node=" in u and "state=firing" in u)
+            assert page.locator("select[name=state]").input_value() == "firing"
+            listed = page.locator("#incidents tbody tr")
+            assert listed.count() == 1 and evil_node in listed.inner_text()
+            page.goto(f"http://127.0.0.1:{port}/?range=1h")
+            assert page.locator("#per-node svg rect").count() == 1  # only the last hour's
+            assert page.evaluate("() => window.__xss") is None
+            browser.close()
+    finally:
+        web.should_exit = True
+        thread.join(10)
+        server.stop()

@@ -106,6 +106,10 @@ def create_app(agent: NodeView, manage_lifecycle: bool = True) -> FastAPI:
         router, paths = ingest
         app.include_router(router)
         own_auth = own_auth | paths
+    if agent.cluster:
+        from sloguard.ui.fleet import fleet_router
+
+        app.include_router(fleet_router(agent))
 
     @app.middleware("http")
     async def reading_needs_a_login_off_loopback(request: Request, call_next: Any) -> Response:
@@ -173,12 +177,27 @@ def create_app(agent: NodeView, manage_lifecycle: bool = True) -> FastAPI:
         ] = None,
         until: Annotated[datetime | None, Query(description="started before (ISO 8601)")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        before: Annotated[str | None, Query(
+            max_length=600, pattern=r"^-?[0-9]{1,19}:.+$",
+            description="the `next` of the previous page: the next page, older")] = None,
     ) -> dict[str, Any]:
+        """Newest first, a page of at most `limit`; `next` (when there may be more) is what
+        `before` takes for the next page. Pages are keyed on the last incident's (started,
+        id), so a page deep in a long list costs what the first does."""
+        after_page = None
+        if before is not None:
+            started, _, last_id = before.partition(":")
+            if not -2**63 <= int(started) < 2**63 or "\x00" in last_id:
+                raise HTTPException(422, "before: not a `next` this API gave")
+            after_page = (int(started), last_id)
         found = agent.incidents.query(
             state=state, severity=severity, rule=rule, node=node,
-            since_ns=_ns(since), until_ns=_ns(until), limit=limit,
+            since_ns=_ns(since), until_ns=_ns(until), limit=limit, before=after_page,
         )
-        return {"incidents": [i.to_dict() for i in found]}
+        page: dict[str, Any] = {"incidents": [i.to_dict() for i in found]}
+        if len(found) == limit:
+            page["next"] = f"{found[-1].started_ns}:{found[-1].id}"
+        return page
 
     @app.get("/api/incidents/{incident_id}", tags=["incidents"], responses=NOT_FOUND)
     def get_incident(incident_id: str) -> dict[str, Any]:

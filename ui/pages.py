@@ -43,9 +43,24 @@ def add_pages(app: FastAPI, agent: NodeView, templates: Any) -> None:
         return {"incidents": found, "f": f, "query": query, "states": STATES,
                 "severities": SEVERITIES, "windows": list(WINDOWS)}
 
+    def fleet_context(request: Request) -> dict[str, Any]:
+        if not agent.cluster:
+            return {}
+        from sloguard.ui.fleet import page_context
+
+        return page_context(agent, request.query_params.get("range"))
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def index(request: Request) -> Response:
-        return render(request, "index.html", "incidents", **incidents_context(request))
+        return render(request, "index.html", "incidents", **incidents_context(request),
+                      **fleet_context(request))
+
+    @app.get("/fragments/fleet", response_class=HTMLResponse, include_in_schema=False)
+    def fleet_fragment(request: Request) -> Response:
+        context = fleet_context(request)
+        if not context:
+            return HTMLResponse("", status_code=404)
+        return render(request, "fleet.html", "incidents", **context)
 
     @app.get("/fragments/incidents", response_class=HTMLResponse, include_in_schema=False)
     def incidents_fragment(request: Request) -> Response:

@@ -14,11 +14,10 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from sloguard.actuators.alerting.silences import SilenceStore
-    from sloguard.actuators.ledger import Ledger
     from sloguard.core.health import ComponentStatus
     from sloguard.core.incidents import Incident
     from sloguard.store import Store
-    from sloguard.store.incidents_db import IncidentStore
+    from sloguard.store.cluster_db import AuditReader, FleetSummary, IncidentReader
 
 
 class NodeView(Protocol):
@@ -26,8 +25,8 @@ class NodeView(Protocol):
     cluster: bool  # the cluster view: changes are made on the node's agent, not here
     settings: Any  # its ui, app_latency.receive and actuators.dry_run sections
     registry: CollectorRegistry  # /metrics
-    incidents: IncidentStore  # read: query, get
-    ledger: Ledger  # read: the audit log, the rungs in force, the levers' record
+    incidents: IncidentReader  # read: query, get (SQLite or, on a server, PostgreSQL)
+    ledger: AuditReader  # read: the audit log, the rungs in force, the levers' record
     store: Store | None  # read: the samples behind charts; None where none are kept
     silences: SilenceStore | None  # None: silences are made on the node's agent
     ticks: int
@@ -80,4 +79,11 @@ class NodeView(Protocol):
 
     def ingest_router(self) -> tuple[Any, frozenset[str]] | None:
         """The cluster server's ingest API and its paths (which check their own token)."""
+        ...
+
+    def fleet_summary(self, since_ns: int, until_ns: int, buckets: int,
+                      limit: int) -> FleetSummary | None:
+        """The cluster front page's summary (store/cluster_db.py: which nodes suffer now,
+        incidents started per node per bucket, the most-named culprits), each bounded by
+        `limit` rows; None on an agent, which shows one node."""
         ...

@@ -60,6 +60,22 @@ class AgentMetrics:
             "sloguard_tick_overruns_total", "Ticks that took longer than the interval",
             registry=registry,
         )
+        # a failed lever is otherwise seen only in the audit and the incident's actions: the
+        # node stays unprotected while the ladder retries, and nobody looks there unasked
+        self.actions = Counter(
+            "sloguard_actions_total", "Ladder steps recorded in the audit, by step kind, "
+            "action (apply, undo) and status (done, failed, skipped, proposed, ...)",
+            ["kind", "action", "status"], registry=registry,
+        )
+
+    def expect_failures(self, store: str, step_kinds: Iterable[str]) -> None:
+        """The failure series at 0 from the start: `increase()` sees no rise in a series whose
+        first sample is already 1, so an alert on it would miss the first failure (and a store
+        or a lever that fails once and then for good)."""
+        self.store_errors.labels(store, "write")
+        for kind in step_kinds:
+            for action in ("apply", "undo"):
+                self.actions.labels(kind, action, "failed")
 
     def influx(self) -> InfluxMetrics:
         """The InfluxDB writer's metrics, registered only when that store is used."""
@@ -95,7 +111,15 @@ def alerting_metrics(registry: CollectorRegistry,
 def forward_metrics(registry: CollectorRegistry) -> Counter:
     """What the cluster server accepted from this agent's forwarder."""
     return Counter("sloguard_forward_sent_total",
-                   "Incidents (changes) and audit entries the cluster server accepted",
+                   "Incidents (changes), withdrawals and audit entries the cluster server "
+                   "accepted", ["kind"], registry=registry)
+
+
+def forward_skipped_metric(registry: CollectorRegistry) -> Counter:
+    """Items the cluster server refused even alone as too large (413), passed over so that
+    they block nothing behind them: each one is also logged with its id."""
+    return Counter("sloguard_forward_skipped_total",
+                   "Items the cluster server refused alone as too large, passed over",
                    ["kind"], registry=registry)
 
 
@@ -194,6 +218,26 @@ class GuardCostMetrics(Collector):
                                       "first, to keep the number of accounts bounded")
         dropped.add_metric([], self.dropped())
         yield from (lever, held, got, wanted, evicted, named, dropped)
+
+
+class EbpfMetrics(Collector):
+    """Whether each enabled eBPF program family is feeding the agent, read when Prometheus
+    scrapes: a family that failed to load or whose map cannot be read leaves the rules on the
+    procfs fallback (or on nothing), which /readyz says but no alert would otherwise see.
+    `attached()` gives {family: attached?} for the families the config wants, {} when eBPF is
+    off or not started yet."""
+
+    def __init__(self, attached: Callable[[], dict[str, bool]]) -> None:
+        self.attached = attached
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "sloguard_ebpf_attached", "1 while an enabled eBPF program family is attached and "
+            "its map is read; 0 when it failed to load, is unavailable, or its map reads fail",
+            labels=["family"])
+        for name, attached in sorted(self.attached().items()):
+            family.add_metric([name], 1.0 if attached else 0.0)
+        yield family
 
 
 class InfluxMetrics:

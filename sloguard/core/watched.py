@@ -150,7 +150,8 @@ class WatchedFiles(Generic[T]):
             self.by_file[name] = items
             log.info("loaded %d %s definitions from %s", len(items), self.what, name)
         active: list[T] = []
-        errors = {**path_errors, **self._file_errors}
+        # a configured file that is gone: that is what is wrong now, not how it last failed
+        errors = {**self._file_errors, **path_errors}
         seen: dict[str, str] = {}
         for name in sorted(self.by_file, key=lambda n: (self._rank.get(n, len(self._rank)), n)):
             for item in self.by_file[name]:

@@ -36,6 +36,23 @@ from typing import IO, Any
 SETUP_SCRIPT = "scripts/influx-testenv.sh"
 
 
+def stop_process(proc: subprocess.Popen | None, first: int, grace: float,
+                 group: bool = True) -> None:
+    """`first` (to the process group, or to the process alone for a server that signals its own
+    children), then SIGKILL to the whole group after `grace`: a test server never outlives its
+    test, whatever state it hangs in."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        (os.killpg if group else os.kill)(proc.pid, first)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
 def missing_message(binary: str, package: str) -> str:
     """'' when `binary` is installed, else how to install it."""
     if shutil.which(binary):
@@ -124,15 +141,7 @@ class _Server:
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM (a clean shutdown, data kept), SIGKILL after `grace`."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        stop_process(proc, signal.SIGTERM, grace)
         if self._log is not None:
             self._log.close()
             self._log = None
