@@ -98,6 +98,15 @@ class Engine(AlertLifecycle):
     # did not hold (LS over its objective, BE not yet seen busy): the agent's evaluation on
     # arrival reads those conditions' signals afresh then (Agent._on_arrival)
     held_back: set[str] = field(default_factory=set)
+    # A new firing of a rule with `and:` conditions waits for those conditions judged on
+    # samples collected after the evaluation that would fire it (Agent._confirm_firings): the
+    # tick's BE sample covers the second before it, and one that spans an antagonist's end
+    # still reads busy (the lab fired LSLatencyInterference 0.1-1.0 s after two ends,
+    # docs/lab.md). Off for an engine nobody feeds fresh samples (a backtest, a replay).
+    confirm_firing: bool = False
+    # rule keys whose firing waits for that evaluation on fresh samples
+    awaiting_fresh: set[str] = field(default_factory=set)
+    _fresh: bool = False  # the evaluation in progress judges conditions read afresh
 
     def cause_present(self, policy: str) -> bool | None:
         """Whether the cause a policy's levers answer is still there: the `and:` conditions
@@ -140,14 +149,18 @@ class Engine(AlertLifecycle):
         return restored
 
     def evaluate(self, now_ns: int, mono_ns: int | None = None,
-                 arrived: frozenset[str] | None = None) -> None:
+                 arrived: frozenset[str] | None = None, fresh: bool = False,
+                 only: frozenset[str] | None = None) -> None:
         """One evaluation of every rule due. `now_ns` (wall time) selects the windows, as the
         samples are stamped with it, and labels what is recorded; `mono_ns` (monotonic) runs
         every timer: `for`, `recover_for`, rule intervals and the back-off of a hung rule.
         Without `mono_ns` (a replay, a test stepping simulated time) the two are one clock.
         With `arrived` (measurements that just arrived between ticks): only the `on_arrival`
-        rules whose own signal is one of them."""
+        rules whose own signal is one of them. `fresh`: the samples the rules' conditions read
+        were collected after the last evaluation (a firing held for them may go ahead); with
+        `only`, just those rules, due or not (the firings `awaiting_fresh`)."""
         mono = self._mono_ns = now_ns if mono_ns is None else mono_ns
+        self._fresh = fresh
         self._retry_saves()
         active_rules = self.rules.rules
         keys = {rule.key for rule in active_rules}
@@ -155,6 +168,10 @@ class Engine(AlertLifecycle):
             if arrived is not None and not (
                     rule.spec.on_arrival and rule.spec.selector.measurement in arrived):
                 continue
+            if only is not None:
+                if rule.key not in only:
+                    continue
+                self._due.pop(rule.key, None)  # judged again now: its interval is no bar
             status = self.status.setdefault(rule.key, RuleStatus(rule.key, rule.source))
             status.source = rule.source
             interval = int((rule.interval or 0) * 1e9)
@@ -165,6 +182,7 @@ class Engine(AlertLifecycle):
                 self._causes.pop(rule.key, None)  # not judged: it tells nothing of the cause
                 continue  # cut off recently, or its code still runs: not tried meanwhile
             self._due[rule.key] = mono + interval
+            self.awaiting_fresh.discard(rule.key)  # what this evaluation decides
             started = time.perf_counter()
             try:
                 values = self._values(rule, now_ns)
@@ -182,7 +200,7 @@ class Engine(AlertLifecycle):
             status.evaluations += 1
             status.last_eval_ns = now_ns
             status.last_duration_s = time.perf_counter() - started
-        if arrived is not None:
+        if arrived is not None or only is not None:
             return  # the tick's own evaluation, within a second, does the bookkeeping
         if not self.rules.errors:  # a rule gone from cleanly loaded files: end its incidents
             for (rule_key, series), state in list(self.states.items()):
@@ -206,6 +224,7 @@ class Engine(AlertLifecycle):
             del self._hung[key]
         for key in [k for k in self._causes if k not in keys]:
             del self._causes[key]
+        self.awaiting_fresh &= keys
         signals = {signal for rule in active_rules for signal in signal_keys(rule)}
         for key in [k for k in self._detectors if k not in signals]:
             del self._detectors[key]  # a rule gone, or a condition taken out of one

@@ -55,6 +55,10 @@ class AlertLifecycle:
     _events: dict[str, Incident] | None
     _mono_ns: int
     save_error: str
+    registry: Any  # DetectorRegistry
+    confirm_firing: bool
+    awaiting_fresh: set[str]
+    _fresh: bool
 
     def _step(self, rule: LoadedRule, series: SeriesKey, value: float, verdict: Verdict,
               now_ns: int) -> None:
@@ -128,7 +132,11 @@ class AlertLifecycle:
         incident.updated_ns = now_ns
         counted = rule.spec.for_evaluations
         enough = counted is None or (history is not None and sum(history) >= counted.crossed)
-        if enough and self._mono_ns - state.since_mono_ns >= rule.spec.for_ * 1e9:
+        due = enough and self._mono_ns - state.since_mono_ns >= rule.spec.for_ * 1e9
+        if due and self.confirm_firing and not self._fresh and self._judged_again(rule):
+            due = False  # pending until the conditions hold on fresh samples (Engine docs)
+            self.awaiting_fresh.add(rule.key)
+        if due:
             annotate(incident, rule, value, incident.evidence[0].threshold)
             incident.state = FIRING
             incident.fired_ns = now_ns
@@ -136,6 +144,17 @@ class AlertLifecycle:
             incident.actions.extend(self.actuator.on_firing(incident, now_ns))
             log.warning("incident %s firing: %s", incident.id, incident.summary)
         self._save(incident)
+
+    def _judged_again(self, rule: LoadedRule) -> bool:
+        """Whether a firing of this rule waits for its `and:` conditions on fresh samples: only
+        where judging it once more changes nothing but the data (every detector of the rule
+        judges each value on its own, as `on_arrival` asks; no count of evaluations), since
+        the rule is then evaluated twice in one tick."""
+        spec = rule.spec
+        if not spec.and_ or spec.for_evaluations is not None:
+            return False
+        return all(getattr(self.registry.types.get(s.detector), "per_value", False)
+                   for s in spec.signals)
 
     def _resolve(self, incident: Incident, now_ns: int, note: str) -> None:
         incident.state = RESOLVED

@@ -116,6 +116,8 @@ class Agent:
             inventory=self.cgroups.workloads if self.cgroups else (lambda: []),
             on_evaluation=lambda rule, result: self.metrics.rule_evaluations.labels(
                 rule, result).inc(),
+            # the cgroups can be read again before a firing on BE conditions (_confirm_firings)
+            confirm_firing=self.cgroups is not None,
         )
         self.attributor = Attributor(
             settings.attribution, as_reader(self.store),
@@ -388,6 +390,26 @@ class Agent:
             self._arrival_pending.set()
             self._calls.put((ARRIVAL, None))
 
+    def _collect_fresh(self) -> tuple[int, int]:
+        """The cgroups collected again, at least CONFIRM_S after their last collection, so
+        that the new sample covers no time before it; into the store and the windows. Returns
+        the (wall, monotonic) time the rules are to be judged at."""
+        wait = self._cgroups_mono + CONFIRM_S - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        now_ns, mono_ns = self.clock.wall_ns(), self.clock.mono_ns()
+        samples = self.cgroups.collect(now_ns)
+        self._cgroups_mono = time.monotonic()
+        self._enqueue(samples)
+        self.windows.add(samples, now_ns=now_ns)
+        return now_ns, mono_ns
+
+    def _policy_held(self, policy: str) -> bool:
+        """A policy's incident fires, not quiet, and the cause its levers answer is not gone."""
+        return any(i.policy == policy and i.quiet_since_ns is None
+                   for i in self.engine.firing()) and \
+            self.engine.cause_present(policy) is not False
+
     def confirm_interference(self, policy: str) -> bool:
         """Right before a lever goes on: the cgroups collected again (at least 100 ms after
         the last collection, so the sample covers no second before it) and the rules driving
@@ -396,26 +418,32 @@ class Agent:
         its end (docs/lab.md). Once per tick and policy at most; a rung every 10 s at most."""
         if self.cgroups is None:
             return True
-        now = time.monotonic()
         if self._confirmed.get(policy) == self._cgroups_mono:
             return self._confirmed_as.get(policy, True)
-        wait = self._cgroups_mono + CONFIRM_S - now
-        if wait > 0:
-            time.sleep(wait)
-        now_ns, mono_ns = self.clock.wall_ns(), self.clock.mono_ns()
-        samples = self.cgroups.collect(now_ns)
-        self._cgroups_mono = time.monotonic()
-        self._enqueue(samples)
-        self.windows.add(samples, now_ns=now_ns)
+        now_ns, mono_ns = self._collect_fresh()
         driving = frozenset(rule.spec.selector.measurement for rule in self.rules.rules
                             if rule.spec.policy == policy and rule.spec.on_arrival)
         if driving:
-            self.engine.evaluate(now_ns, mono_ns, arrived=driving)
-        held = any(i.policy == policy and i.quiet_since_ns is None
-                   for i in self.engine.firing()) and \
-            self.engine.cause_present(policy) is not False
+            self.engine.evaluate(now_ns, mono_ns, arrived=driving, fresh=True)
+            self._confirm_firings()
+        held = self._policy_held(policy)
         self._confirmed[policy], self._confirmed_as[policy] = self._cgroups_mono, held
         return held
+
+    def _confirm_firings(self) -> None:
+        """The firings the last evaluation held back (Engine.confirm_firing): their rules
+        judged again on cgroups collected afresh; they fire only if their `and:` conditions
+        still hold. The answer stands for the ladder's own confirmation of those policies
+        (confirm_interference), which would otherwise collect once more."""
+        waiting = frozenset(self.engine.awaiting_fresh)
+        if not waiting or self.cgroups is None:
+            return
+        now_ns, mono_ns = self._collect_fresh()
+        self.engine.evaluate(now_ns, mono_ns, fresh=True, only=waiting)
+        for policy in {rule.spec.policy for rule in self.rules.rules
+                       if rule.key in waiting and rule.spec.policy}:
+            self._confirmed[policy] = self._cgroups_mono
+            self._confirmed_as[policy] = self._policy_held(policy)
 
     def _on_arrival(self) -> None:
         """The `on_arrival` rules on what has just arrived, and the ladder in the same step:
@@ -445,12 +473,9 @@ class Agent:
             # old): the cgroups read afresh and the rule judged again, so that a BE that has
             # just started is seen now, not at the next tick (the lab's first lever came
             # 0.8 s after the antagonist's start, most of it waiting for that sample)
-            now_ns, mono_ns = self.clock.wall_ns(), self.clock.mono_ns()
-            fresh = self.cgroups.collect(now_ns)
-            self._cgroups_mono = time.monotonic()
-            self._enqueue(fresh)
-            self.windows.add(fresh, now_ns=now_ns)
-            self.engine.evaluate(now_ns, mono_ns, arrived=arrived)
+            now_ns, mono_ns = self._collect_fresh()
+            self.engine.evaluate(now_ns, mono_ns, arrived=arrived, fresh=True)
+        self._confirm_firings()
         firing = self.engine.firing()
         if not any(i.policy for i in firing):
             return  # nothing for the ladder to climb (or to hold): the tick does the rest
@@ -556,6 +581,7 @@ class Agent:
         if mono >= self._next_reload:
             self._reload_rules()
         self.engine.evaluate(now_ns, mono_ns)
+        self._confirm_firings()
         try:  # before the ladder: a rung that targets suspects acts on this tick's
             self.attributor.tick(now_ns, self.engine.firing())
         except Exception:

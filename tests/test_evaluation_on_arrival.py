@@ -200,3 +200,41 @@ def test_a_be_that_starts_between_ticks_is_seen_on_arrival(tmp_path, real_cgroup
         hog.kill()
     finally:
         agent.stop()
+
+
+def test_a_firing_waits_for_be_busy_on_a_sample_taken_after_the_tick(tmp_path, real_cgroups):
+    """Engine.confirm_firing on this machine's real cgroups: LS goes over its objective just as
+    BE stops. The tick's BE sample covers BE's last busy moments, and the rule would fire on it
+    (the lab fired LSLatencyInterference 0.1-1.0 s after two antagonists had stopped); the
+    sample read at least 100 ms later says BE is idle, so nothing fires and no pending
+    incident is left. With BE still busy, the same tick fires."""
+    from sloguard.core.samples import Sample
+
+    agent, be = _cgroup_agent(tmp_path, real_cgroups, "end")
+    try:
+        def tick(p99: float) -> None:
+            now = time.time_ns()
+            agent.windows.add([Sample("lat", {"node": "end"}, {"p99": p99}, now)])
+            agent.tick(now)
+
+        hog = real_cgroups.spawn(be)
+        for _ in range(3):  # BE busy, LS within its objective: nothing to fire
+            tick(5.0)
+            time.sleep(0.3)
+        hog.kill()
+        hog.wait()
+        tick(50.0)  # LS over, on the tick's sample BE still busy
+        assert agent.engine.firing() == []
+        assert agent.engine.cause_present("guard") is False  # judged on the fresh sample
+        assert agent.engine.awaiting_fresh == set()
+        assert [i for i in agent.incidents.open_incidents() if i.rule == "Slow"] == []
+        # BE busy through the tick and after it: the same tick fires
+        hog = real_cgroups.spawn(be)
+        for _ in range(2):
+            tick(5.0)
+            time.sleep(0.3)
+        tick(50.0)
+        assert [i.rule for i in agent.engine.firing()] == ["Slow"]
+        hog.kill()
+    finally:
+        agent.stop()

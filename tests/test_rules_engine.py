@@ -633,6 +633,40 @@ def test_compound_rule_fires_only_when_the_conditions_agree(tmp_path):
     assert incident.state == RESOLVED and incident.quiet_since_ns == T0 + 10 * S
 
 
+def test_a_firing_on_conditions_waits_for_them_on_fresh_samples(tmp_path):
+    """Engine.confirm_firing (the agent's, which can read the cgroups again): a firing of a
+    rule with `and:` conditions is held until the rule is judged on samples collected after
+    the evaluation that would fire it; BE idle on those, the pending alert goes."""
+    h = _Harness(tmp_path, COMPOUND.replace("for: 2s", "for: 0s"))
+    h.engine.confirm_firing = True
+
+    def be(ns, usage):
+        sample = Sample("cpu", {"node": "node-a", "class": "BE", "pod": "batch"},
+                        {"usage": usage}, ns)
+        h.windows.add([sample])
+
+    be(T0, 1.9)  # the tick's BE sample: busy (it spans the antagonist's end)
+    h.at(0, 30.0)
+    assert [i.state for i in h.all()] == [PENDING]
+    assert h.engine.awaiting_fresh == {"ls/LSSlow"} and h.engine.firing() == []
+    be(T0 + S // 10, 0.0)  # read again 100 ms later: BE has stopped
+    h.engine.evaluate(T0 + S // 10, fresh=True, only=frozenset(h.engine.awaiting_fresh))
+    assert h.all() == [] and h.engine.awaiting_fresh == set()
+    be(T0 + S, 1.9)  # an antagonist that runs on: it fires on the fresh sample
+    h.at(1, 30.0)
+    assert h.engine.firing() == []
+    be(T0 + S + S // 10, 1.9)
+    h.engine.evaluate(T0 + S + S // 10, fresh=True, only=frozenset({"ls/LSSlow"}))
+    [incident] = h.all()
+    assert incident.state == FIRING and h.engine.awaiting_fresh == set()
+    # a rule whose detector learns from each evaluation is not judged twice: it fires at once
+    (tmp_path / "m").mkdir()
+    learning = _Harness(tmp_path / "m", MANY)
+    by_name = {rule.spec.alert: rule for rule in learning.rules.rules}
+    assert not learning.engine._judged_again(by_name["Blamed"])
+    assert h.engine._judged_again(h.rules.rules[0])
+
+
 def test_the_cause_of_a_policy_is_its_rules_and_conditions_even_after_recovery(tmp_path):
     """Engine.cause_present: what tells the ladder "the lever works" (LS recovered, BE still
     busy: keep the levers) from "the cause is gone" (BE stopped: lift them)."""
