@@ -424,8 +424,8 @@ class Agent:
         driving = frozenset(rule.spec.selector.measurement for rule in self.rules.rules
                             if rule.spec.policy == policy and rule.spec.on_arrival)
         if driving:
+            # fresh: a firing this evaluation allows goes ahead (nothing is left awaiting)
             self.engine.evaluate(now_ns, mono_ns, arrived=driving, fresh=True)
-            self._confirm_firings()
         held = self._policy_held(policy)
         self._confirmed[policy], self._confirmed_as[policy] = self._cgroups_mono, held
         return held
