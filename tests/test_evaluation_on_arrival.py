@@ -161,6 +161,9 @@ def test_a_lever_waits_for_be_busy_on_a_sample_taken_after_the_last_tick(tmp_pat
             time.sleep(0.3)
         assert [i.rule for i in agent.engine.firing()] == ["Slow"]
         assert agent.confirm_interference("guard") is True  # BE still busy, read afresh
+        # the tick's BE rate spans the time since that fresh read: give it a busy stretch (CI
+        # ran the tick at once, a rate over a few ms in which the hog had not been scheduled)
+        time.sleep(0.3)
         tick()
         hog.kill()
         hog.wait()
