@@ -12,10 +12,14 @@ the data dir, so the local stores are the buffer: a server that is away (or a re
 loses nothing. The server stores incidents by id and audit entries by (node, id), so a batch
 sent twice (its answer lost, or the agent killed before it wrote its cursor) is not duplicated.
 
-A batch the server refuses as too large (413) is halved until it fits; a single item it refuses
-alone is logged with its id, counted and passed over, so it is neither retried for ever nor
-blocks what follows. Batches are also split before they are sent so that they stay within
-`forward.max_body` (the server's `server.max_body`, if known) and below any size a 413 taught.
+A batch the server refuses as too large (413) or as invalid (400, 422: an item over one of the
+server's field limits, say) is halved until the item it refuses is alone; that item is logged
+with its id and the server's reason, counted and passed over, so it is neither retried for ever
+nor blocks what follows. Before an item is given up, an empty request must be taken: a server
+or proxy that refuses every request (a version that refuses this agent's bodies, a proxy's
+size limit) is retried with back-off, and nothing is passed over. Batches are also split
+before they are sent so that they stay within `forward.max_body` (the server's
+`server.max_body`, if known) and below any size a 413 taught.
 """
 
 from __future__ import annotations
@@ -204,7 +208,8 @@ class Forwarder:
                 detail = json.loads(exc.read()).get("detail")
             except (ValueError, AttributeError, OSError):
                 detail = exc.reason
-            error = TooLarge if exc.code == 413 else ForwardError
+            error = (TooLarge if exc.code == 413 else Invalid if exc.code in (400, 422)
+                     else ForwardError)
             raise error(f"HTTP {exc.code} from {self.shown_url}: "
                         f"{str(detail)[:300]}"[:1000]) from None
         except (urllib.error.URLError, OSError) as exc:
@@ -246,17 +251,19 @@ class Forwarder:
                     raise  # not a matter of size: retried with the round's backoff
                 self._split(part, parts, left)  # maybe too large: halves, learning nothing
                 continue
-            except TooLarge as exc:
+            except (TooLarge, Invalid) as exc:
                 if not part:  # an empty request refused: nothing to split or pass over
                     raise
-                self.max_bytes = max(min(self.max_bytes, len(data) - 1), MIN_BODY)
+                if isinstance(exc, TooLarge):
+                    self.max_bytes = max(min(self.max_bytes, len(data) - 1), MIN_BODY)
                 if len(part) > 1:
                     self._split(part, parts, left)
                     continue
-                # before giving an item up: a proxy refusing every request with a 413 would
-                # otherwise have each passed over in turn, all lost
+                # before giving an item up: a proxy refusing every request with a 413 (or a
+                # server refusing every body) would otherwise have each passed over, all lost
                 self._post(self._body([], left))
-                self._pass_over(part[0], len(data), str(exc))
+                self._pass_over(part[0], len(data), str(exc),
+                                "as too large" if isinstance(exc, TooLarge) else "as invalid")
             else:
                 self._count_sent(part)
             self._advance(part)
@@ -299,18 +306,21 @@ class Forwarder:
             if self.metrics is not None:
                 self.metrics.labels(key).inc()
 
-    def _pass_over(self, item: tuple[str, Any], size: int, why: str) -> None:
+    def _pass_over(self, item: tuple[str, Any], size: int, why: str,
+                   refused: str = "as too large") -> None:
         """One item the server refuses even alone: recorded and skipped, never retried (the
         next change of that incident is tried afresh), so it blocks nothing behind it."""
         kind, thing = item
         if kind == "incidents" and thing.incident is None:
             kind = "withdrawn"
         shown = thing.id
-        log.error("forward: %s %s (%d bytes) refused alone as too large, passed over: %s",
-                  kind[:-1] if kind != "withdrawn" else "withdrawal of", shown, size, why)
+        log.error("forward: %s %s (%d bytes) refused alone %s, passed over: %s",
+                  kind[:-1] if kind != "withdrawn" else "withdrawal of", shown, size, refused,
+                  why)
         self.skipped[kind] += 1
         self.skipped_items = [*self.skipped_items, {
-            "kind": kind, "id": shown, "bytes": size, "time_ns": time.time_ns()}][-SKIPPED_KEPT:]
+            "kind": kind, "id": shown, "bytes": size, "refused": refused.removeprefix("as "),
+            "why": why[:300], "time_ns": time.time_ns()}][-SKIPPED_KEPT:]
         if self.skipped_metric is not None:
             self.skipped_metric.labels(kind).inc()
 
@@ -391,6 +401,10 @@ class ForwardError(Exception):
 
 class TooLarge(ForwardError):
     """The server (or a proxy before it) refused the request's size: 413."""
+
+
+class Invalid(ForwardError):
+    """The server refused the request's content (400, 422): its detail names the field."""
 
 
 class CutOff(ForwardError):

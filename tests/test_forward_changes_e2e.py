@@ -159,14 +159,56 @@ def test_a_body_cut_off_unread_is_halved_too(tmp_path, sloguard_bin, monkeypatch
         server.terminate()
 
 
-def test_a_proxy_refusing_everything_as_too_large_loses_nothing(tmp_path):
-    """A 413 for every request (a misconfigured proxy) is not about any one item: nothing is
-    passed over, the cursor stays, the round fails and is retried."""
+def test_an_item_the_server_refuses_as_invalid_is_passed_over_not_retried(
+        tmp_path, sloguard_bin, monkeypatch, caplog):
+    """An audit entry over the server's 10,000-character field limit is refused with a 422:
+    the batch is halved until it is alone, it is passed over with the server's reason, and
+    the entries and incidents around it arrive (it used to be retried for ever, holding back
+    everything behind it)."""
+    monkeypatch.setenv("SLOGUARD_TEST_INGEST", INGEST)
+    server = _server(tmp_path, sloguard_bin)
+    caplog.set_level(logging.INFO, logger="sloguard.forwarder")
+    try:
+        node = Node(tmp_path, "node-a", server.url)
+        for n in range(6):
+            node.incidents.save(_incident(n))
+            node.ledger.audit(_audit(n))
+            if n == 2:
+                long = _audit(n)
+                long.detail = "d" * 20_000
+                node.ledger.audit(long)
+        node.forwarder.round()
+        assert node.forwarder.last_error == "", node.forwarder.last_error
+        assert set(_held(server)) == {f"node-a-inc-{n:03d}" for n in range(6)}
+        actions = server.get("/api/actions?limit=100").json()["actions"]
+        assert len(actions) == 6 and all(len(a["detail"]) < 100 for a in actions)
+        status = node.forwarder.status().details
+        assert status["skipped"] == {"incidents": 0, "withdrawn": 0, "actions": 1}
+        skipped = status["skipped_latest"][0]
+        assert skipped["refused"] == "invalid" and "HTTP 422" in skipped["why"]
+        assert "actions.0.detail" in skipped["why"]  # the server's detail names the field
+        assert any("refused alone as invalid" in r.getMessage()
+                   for r in caplog.records if r.levelno == logging.ERROR)
+        refused = _metric(server, "sloguard_ingest_refused_total", reason="invalid")
+        assert refused >= 1
+        for _ in range(2):  # never retried
+            node.forwarder.round()
+        assert _metric(server, "sloguard_ingest_refused_total", reason="invalid") == refused
+        assert node.forwarder.backlog() == {"incidents": 0, "actions": 0}
+    finally:
+        server.terminate()
+
+
+@pytest.mark.parametrize("code", [413, 422])
+def test_a_proxy_refusing_everything_loses_nothing(tmp_path, code):
+    """A 413 (or 422) for every request (a misconfigured proxy, a server that refuses this
+    agent's bodies) is not about any one item: nothing is passed over, the cursor stays, the
+    round fails and is retried."""
 
     class Refuses(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("content-length", 0)))
-            self.send_response(413)
+            self.send_response(code)
             self.send_header("Content-Length", "0")
             self.end_headers()
 
@@ -180,7 +222,7 @@ def test_a_proxy_refusing_everything_as_too_large_loses_nothing(tmp_path):
         for n in range(3):
             node.incidents.save(_incident(n))
         node.forwarder.round()
-        assert "HTTP 413" in node.forwarder.last_error
+        assert f"HTTP {code}" in node.forwarder.last_error
         assert node.forwarder.status().details["skipped"]["incidents"] == 0
         assert node.forwarder.cursor["incidents"] == 0
         assert node.forwarder.backlog()["incidents"] == 3
