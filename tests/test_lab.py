@@ -542,6 +542,26 @@ def test_short_lab_run_shows_the_guardrail_working(tmp_path: Path) -> None:
     print("applied", [(a["kind"], round(a["t"], 1)) for a in applied],
           "undone", [(a["kind"], round(a["t"], 1)) for a in undone])
 
+    # benchmarks/leading_indicators.py reads this run's own recordings: every way's LS signals,
+    # a threshold from the baseline's quiet periods, and the latency rule's firing per episode
+    rows_file, plot_file = tmp_path / "leading.json", tmp_path / "leading.png"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "leading_indicators.py"), str(out), "--json",
+         str(rows_file), "--plot", str(plot_file)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(rows_file.read_text())
+    psi = {r["way"]: r for r in rows if r["signal"] == "LS CPU PSI some"}
+    assert set(psi) == set(ways_run), rows
+    assert 0 < psi["baseline"]["threshold"] <= psi["baseline"]["quiet_max"]
+    assert all(len(r["crossing_s"]) == len(r["firing_s"]) == 1 for r in psi.values())
+    for way in ("unguarded", "guarded"):  # its firing is the lab analysis's, read apart
+        [fired] = psi[way]["firing_s"]
+        [timing] = ways[way].episodes
+        if timing.fired_s is not None and timing.fired_s >= 0:
+            assert fired == pytest.approx(timing.fired_s, abs=0.01), (way, fired, timing)
+    assert "| cache | unguarded | LS CPU PSI some" in done.stdout
+    assert plot_file.stat().st_size > 10_000
+
 
 @needs_lab
 def test_a_short_culprit_run_names_the_antagonist_not_the_innocents(tmp_path: Path) -> None:
