@@ -14,6 +14,10 @@ With `--push-every P`, a service pushes latency observations every P seconds to 
 agent, which is measured twice more: with the shipped rules evaluated on arrival (issue #23:
 `arrival_floor` 100 ms) and with `arrival_floor: 0` (the tick only); their ratio is what
 evaluation on arrival costs.
+
+With `--rules FILE` (repeatable), the loaded agent is measured once more per FILE, loaded beside
+the shipped rules (issue #25 asked what a `changepoint` rule costs the agent:
+`--rules docs/rules-examples/ls-shifts.yaml`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 import psutil
 
 from sloguard.core.cgroup_layout import detect_layout
+from sloguard.core.config import shipped_rule_paths
 
 
 def _free_port() -> int:
@@ -191,7 +196,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--push-every", type=float, default=0.0,
                         help="also measure evaluation on arrival under pushes this often (s)")
+    parser.add_argument("--rules", type=Path, action="append", default=[],
+                        help="also measure the loaded agent with this rule file added")
     args = parser.parse_args()
+    for extra in args.rules:
+        if not extra.is_file():
+            raise SystemExit(f"{extra}: no such rule file")
     if os.geteuid() != 0:
         raise SystemExit("creating cgroups needs root")
     work = Path(tempfile.mkdtemp(prefix="sloguard-bench-"))
@@ -226,6 +236,12 @@ def main() -> None:
                 arrival[floor] = run_agent(pushed, args.seconds,
                                            f"pushes every {args.push_every:g} s, "
                                            f"arrival_floor {floor}", args.push_every)
+        with_rules: dict[str, dict[str, float]] = {}
+        for extra in args.rules:
+            paths = [*shipped_rule_paths(), str(extra.resolve())]
+            config = work / f"rules-{len(with_rules)}.yaml"
+            config.write_text(loaded.read_text() + f"rules: {{paths: {json.dumps(paths)}}}\n")
+            with_rules[extra.name] = run_agent(config, args.seconds, f"+ {extra.name}")
         yard = (yard_before + _yardstick()) / 2
     finally:
         cgroups.remove()
@@ -253,6 +269,13 @@ def main() -> None:
             a, b = on[key], off[key]
             print(f"| {unit} | {a:.2f} | {b:.2f} | "
                   f"{f'{a / b:.2f}x' if b else '-'} |")
+    for name, extra in with_rules.items():
+        print(f"\nthe {args.cgroups}-cgroup agent with {name} beside the shipped rules:\n")
+        print(f"| metric | + {name} | shipped rules only | ratio |")
+        print("|---|---|---|---|")
+        for key, unit in (("cpu_percent", "% of one core"), ("rss_max_mb", "MB RSS max")):
+            a, b = extra[key], with_cgroups[key]
+            print(f"| {unit} | {a:.2f} | {b:.2f} | {a / b if b else float('nan'):.2f}x |")
     ok_cpu = with_cgroups["cpu_percent"] < 2.0
     ok_rss = with_cgroups["rss_max_mb"] < 100
     print(f"\ntarget <2% of a core: {'met' if ok_cpu else 'NOT met'}; "
