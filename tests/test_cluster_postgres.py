@@ -116,21 +116,6 @@ def test_a_database_newer_than_the_code_is_refused(postgres_server, postgres_db,
     assert _versions(postgres_server, postgres_db)[-1] == LATEST + 1  # left as it was
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def cluster_db(request, tmp_path):
-    """Each implementation of the one interface (sloguard/store/cluster_db.py)."""
-    if request.param == "sqlite":
-        from sloguard.actuators.ledger import Ledger
-        from sloguard.store.cluster_sqlite import SqliteClusterDB
-
-        db = SqliteClusterDB(tmp_path, Ledger(tmp_path / "actuators.db"))
-    else:
-        server = request.getfixturevalue("postgres_server")
-        db = _db(server, request.getfixturevalue("postgres_db"))
-    yield db
-    db.close()
-
-
 def test_ingest_is_idempotent_and_keeps_the_newest_copy(cluster_db):
     db = cluster_db
     incidents = [Incident(**_incident("n1", n, updated_ns=10)) for n in range(5)]
