@@ -12,8 +12,10 @@ from __future__ import annotations
 from typing import Literal
 
 Placeholder = Literal["?", "%s"]
-# The incident columns filtered on equality: a fixed set, so no caller can name a column.
-_INCIDENT_EQUAL = ("state", "severity", "rule", "node")
+# The incident list's comparisons, in the order of incident_page's arguments: a fixed set, so
+# no caller can name a column or an operator.
+_INCIDENT_FILTERS = ("state =", "severity =", "rule =", "node =", "started_ns >=",
+                     "started_ns <")
 
 
 def _mark(placeholder: str) -> str:
@@ -35,16 +37,11 @@ def incident_page(placeholder: Placeholder, limit: int, *, state: str | None = N
     p = _mark(placeholder)
     clauses: list[str] = []
     params: list[object] = []
-    for column, value in zip(_INCIDENT_EQUAL, (state, severity, rule, node), strict=True):
+    values = (state, severity, rule, node, since_ns, until_ns)
+    for comparison, value in zip(_INCIDENT_FILTERS, values, strict=True):
         if value is not None:
-            clauses.append(f"{column} = {p}")
+            clauses.append(f"{comparison} {p}")
             params.append(value)
-    if since_ns is not None:
-        clauses.append(f"started_ns >= {p}")
-        params.append(since_ns)
-    if until_ns is not None:
-        clauses.append(f"started_ns < {p}")
-        params.append(until_ns)
     if before is not None:
         clauses.append(f"(started_ns, id) < ({p}, {p})")
         params.extend(before)
