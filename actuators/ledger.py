@@ -24,6 +24,7 @@ from typing import Any
 
 from sloguard.core import failpoints
 from sloguard.core.audit import AuditEntry
+from sloguard.store.filters import audit_page
 from sloguard.store.sqlite import add_column, open_db
 
 __all__ = ["AuditEntry", "Descent", "Intent", "Ledger", "RungState"]
@@ -358,18 +359,11 @@ class Ledger:
 
     def audit_log(self, since_ns: int = 0, kind: str | None = None, incident: str | None = None,
                   limit: int = 500) -> list[AuditEntry]:
-        clauses, args = ["time_ns >= ?"], [since_ns]
-        if kind:
-            clauses.append("kind = ?")
-            args.append(kind)
-        if incident:
-            clauses.append("incident = ?")
-            args.append(incident)
+        tail, params = audit_page("?", limit, since_ns=since_ns, kind=kind, incident=incident)
         with self._lock:
             rows = self._conn.execute(
                 "SELECT time_ns, node, incident, policy, rung, kind, action, dry_run, status, "
-                f"target, detail, reason, id FROM audit WHERE {' AND '.join(clauses)} "
-                "ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
+                f"target, detail, reason, id FROM audit {tail}", params).fetchall()
         return [AuditEntry(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8], r[9],
                            r[10], r[11], r[12]) for r in rows]
 

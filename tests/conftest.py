@@ -424,3 +424,22 @@ def postgres_db(postgres_server) -> str:
     """A fresh, empty database on the session's PostgreSQL: its URL (no password in it; the
     password is `postgres_server.password`)."""
     return postgres_server.create_database()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def cluster_db(request, tmp_path):
+    """Each implementation of the one interface (sloguard/store/cluster_db.py), so that a
+    test of it holds both stores to the same answers."""
+    if request.param == "sqlite":
+        from sloguard.actuators.ledger import Ledger
+        from sloguard.store.cluster_sqlite import SqliteClusterDB
+
+        db = SqliteClusterDB(tmp_path, Ledger(tmp_path / "actuators.db"))
+    else:
+        from sloguard.store.cluster_pg import PostgresClusterDB
+
+        server = request.getfixturevalue("postgres_server")
+        db = PostgresClusterDB(request.getfixturevalue("postgres_db"), server.password, 2,
+                               where="test")
+    yield db
+    db.close()

@@ -116,21 +116,6 @@ def test_a_database_newer_than_the_code_is_refused(postgres_server, postgres_db,
     assert _versions(postgres_server, postgres_db)[-1] == LATEST + 1  # left as it was
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def cluster_db(request, tmp_path):
-    """Each implementation of the one interface (sloguard/store/cluster_db.py)."""
-    if request.param == "sqlite":
-        from sloguard.actuators.ledger import Ledger
-        from sloguard.store.cluster_sqlite import SqliteClusterDB
-
-        db = SqliteClusterDB(tmp_path, Ledger(tmp_path / "actuators.db"))
-    else:
-        server = request.getfixturevalue("postgres_server")
-        db = _db(server, request.getfixturevalue("postgres_db"))
-    yield db
-    db.close()
-
-
 def test_ingest_is_idempotent_and_keeps_the_newest_copy(cluster_db):
     db = cluster_db
     incidents = [Incident(**_incident("n1", n, updated_ns=10)) for n in range(5)]
@@ -202,6 +187,52 @@ def test_a_node_cannot_overwrite_another_nodes_incident_by_its_id(cluster_db):
     newer = Incident(**_incident("n1", 0, updated_ns=11))
     assert db.ingest("n1", [newer], [], sent_ns=3, backlog={})["incidents"] == 1
     assert db.incidents.get("n1-inc-0").summary == "copy of 11"
+
+
+def test_the_lists_filters_mean_the_same_on_either_store(cluster_db):
+    """The incident list's and the audit log's filters (one SQL text for both stores,
+    store/filters.py), each held to the answer computed here. A filter given as "" matches
+    nothing in the incident list but is left out in the audit log, as the API has had them."""
+    db = cluster_db
+    incidents = [Incident(**_incident(node, n, updated_ns=10,
+                                      state=("firing", "resolved")[n % 2]))
+                 for node in ("n1", "n2") for n in range(6)]
+    for node in ("n1", "n2"):
+        actions = [(i, AuditEntry(**{**{k: v for k, v in _action(node, i).items() if k != "id"},
+                                     "kind": ("cpu_idle", "cordon")[i % 2]}))
+                   for i in range(1, 6)]
+        db.ingest(node, [i for i in incidents if i.node == node], actions, sent_ns=1,
+                  backlog={})
+    newest = sorted(incidents, key=lambda i: (i.started_ns, i.id), reverse=True)
+
+    def ids(**filters) -> list[str]:
+        return [i.id for i in db.incidents.query(limit=100, **filters)]
+
+    for column in ("state", "severity", "rule", "node"):
+        for value in {getattr(i, column) for i in incidents}:
+            assert ids(**{column: value}) == [
+                i.id for i in newest if getattr(i, column) == value], (column, value)
+        assert ids(**{column: ""}) == [], column
+    span = {"since_ns": 1_002_000, "until_ns": 1_004_000}
+    assert ids(**span) == ["n2-inc-3", "n1-inc-3", "n2-inc-2", "n1-inc-2"]
+    assert ids(**span, state="firing", node="n2") == ["n2-inc-2"]
+    assert ids(before=(1_003_000, "n2-inc-3"), since_ns=1_002_000) == [
+        "n1-inc-3", "n2-inc-2", "n1-inc-2"]
+    assert [i.id for i in db.incidents.query(limit=3)] == [i.id for i in newest[:3]]
+
+    def audit(**filters) -> list[tuple[str, int, str]]:
+        return [(e.node, e.time_ns, e.kind) for e in db.ledger.audit_log(**filters)]
+
+    everything = [(node, 2_000_000 + i, ("cpu_idle", "cordon")[i % 2])
+                  for node in ("n2", "n1") for i in range(5, 0, -1)]  # the newest id first
+    assert audit() == everything
+    assert audit(kind="", incident="") == everything
+    assert audit(kind="cordon") == [e for e in everything if e[2] == "cordon"]
+    assert audit(incident="n1-inc-2") == [("n1", 2_000_002, "cpu_idle")]
+    assert audit(since_ns=2_000_004) == [e for e in everything if e[1] >= 2_000_004]
+    assert audit(since_ns=2_000_002, kind="cordon", limit=3) == [
+        ("n2", 2_000_005, "cordon"), ("n2", 2_000_003, "cordon"), ("n1", 2_000_005, "cordon")]
+    assert audit(kind="nothing-of-that-kind") == []
 
 
 def _server_config(tmp_path: Path, url: str) -> Path:

@@ -54,24 +54,6 @@ def _name(suspect: dict) -> str:
     return Suspect.from_dict(suspect).name
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def cluster_db(request, tmp_path):
-    """Each implementation of the one interface (sloguard/store/cluster_db.py)."""
-    if request.param == "sqlite":
-        from sloguard.actuators.ledger import Ledger
-        from sloguard.store.cluster_sqlite import SqliteClusterDB
-
-        db = SqliteClusterDB(tmp_path, Ledger(tmp_path / "actuators.db"))
-    else:
-        from sloguard.store.cluster_pg import PostgresClusterDB
-
-        server = request.getfixturevalue("postgres_server")
-        db = PostgresClusterDB(request.getfixturevalue("postgres_db"), server.password, 2,
-                               where="test")
-    yield db
-    db.close()
-
-
 def _fleet(seed: int, nodes: list[str], per_node: int) -> list[Incident]:
     """Incidents over the last 30 h (some before the 24 h range), of every state and
     severity, most with 0-3 suspects drawn from WORKLOADS."""

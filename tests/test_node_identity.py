@@ -56,19 +56,36 @@ def readyz_component(server: ServerProcess) -> dict:
 
 
 @pytest.fixture
-def node_server(tmp_path, sloguard_bin):
+def start_server(tmp_path, sloguard_bin):
+    """Starts a real server whose node-token map holds `tokens_text` (its path is the
+    server's `tokens`, to change while it runs), with the shared ingest token configured
+    too: refused unless `allow_shared_token`. Stopped after the test, however it ends."""
+    started: list[ServerProcess] = []
+
+    def start(tokens_text: str, allow_shared_token: bool = False) -> ServerProcess:
+        tokens = tmp_path / "node-tokens"
+        write_map(tokens, tokens_text)
+        config = tmp_path / "server.yaml"
+        config.write_text(f"ui:\n  token: {UI}\nserver:\n  node_tokens_file: {tokens}\n"
+                          f"  ingest_token: {SHARED}\n"
+                          + ("  allow_shared_token: true\n" if allow_shared_token else ""))
+        server = ServerProcess(sloguard_bin, config, tmp_path / "server-data",
+                               tmp_path / "server.log", _free_port())
+        server.tokens = tokens
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.terminate()
+
+
+@pytest.fixture
+def node_server(start_server):
     """A real server whose map gives node-a a token in clear and node-b only its SHA-256; the
     shared ingest token is configured too, and must be refused (allow_shared_token is off)."""
-    tokens = tmp_path / "node-tokens"
-    write_map(tokens, f"# the nodes' own tokens\nnode-a {TOKEN_A}\n\nnode-b   {sha(TOKEN_B)}\n")
-    config = tmp_path / "server.yaml"
-    config.write_text(f"ui:\n  token: {UI}\nserver:\n  node_tokens_file: {tokens}\n"
-                      f"  ingest_token: {SHARED}\n")
-    server = ServerProcess(sloguard_bin, config, tmp_path / "server-data",
-                           tmp_path / "server.log", _free_port())
-    server.tokens = tokens
-    yield server
-    server.terminate()
+    return start_server(
+        f"# the nodes' own tokens\nnode-a {TOKEN_A}\n\nnode-b   {sha(TOKEN_B)}\n")
 
 
 def test_a_nodes_token_posts_only_that_nodes_incidents(tmp_path, node_server):
@@ -225,47 +242,29 @@ def test_a_real_agent_forwards_with_its_own_token(tmp_path, node_server, sloguar
         agent.terminate()
 
 
-def test_the_shared_token_during_a_migration(tmp_path, sloguard_bin):
+def test_the_shared_token_during_a_migration(tmp_path, start_server):
     """allow_shared_token: agents not yet given their own token go on with the shared one
     (and the body's node is trusted for them), while a node's own token is bound to it."""
-    tokens = tmp_path / "node-tokens"
-    write_map(tokens, f"node-a {TOKEN_A}\n")
-    config = tmp_path / "server.yaml"
-    config.write_text(f"ui:\n  token: {UI}\nserver:\n  node_tokens_file: {tokens}\n"
-                      f"  ingest_token: {SHARED}\n  allow_shared_token: true\n")
-    server = ServerProcess(sloguard_bin, config, tmp_path / "data", tmp_path / "server.log",
-                           _free_port())
-    try:
-        assert post(server, SHARED, {"node": "node-z"}).status_code == 200
-        mixed = post(server, SHARED, {"node": "node-z",
-                                      "incidents": [_incident(1, "node-y").to_dict()]})
-        assert mixed.status_code == 422 and mixed.json()["detail"][0]["field"] == \
-            "incidents.0.node"
-        assert post(server, TOKEN_A, {"node": "node-z"}).status_code == 403
-        assert post(server, TOKEN_A, {"node": "node-a"}).status_code == 200
-        assert "allow_shared_token is on" in (tmp_path / "server.log").read_text()
-    finally:
-        server.terminate()
+    server = start_server(f"node-a {TOKEN_A}\n", allow_shared_token=True)
+    assert post(server, SHARED, {"node": "node-z"}).status_code == 200
+    mixed = post(server, SHARED, {"node": "node-z",
+                                  "incidents": [_incident(1, "node-y").to_dict()]})
+    assert mixed.status_code == 422 and mixed.json()["detail"][0]["field"] == \
+        "incidents.0.node"
+    assert post(server, TOKEN_A, {"node": "node-z"}).status_code == 403
+    assert post(server, TOKEN_A, {"node": "node-a"}).status_code == 200
+    assert "allow_shared_token is on" in (tmp_path / "server.log").read_text()
 
 
-def test_a_map_that_never_loaded_lets_no_node_in(tmp_path, sloguard_bin):
+def test_a_map_that_never_loaded_lets_no_node_in(start_server):
     """Fail closed: a broken map at start is reported, and neither a token in it nor the
     shared token gets in."""
-    tokens = tmp_path / "node-tokens"
-    write_map(tokens, f"node-a {TOKEN_A}\nnode-a {TOKEN_B}\n")
-    config = tmp_path / "server.yaml"
-    config.write_text(f"ui:\n  token: {UI}\nserver:\n  node_tokens_file: {tokens}\n"
-                      f"  ingest_token: {SHARED}\n")
-    server = ServerProcess(sloguard_bin, config, tmp_path / "data", tmp_path / "server.log",
-                           _free_port())
-    try:
-        ready = readyz_component(server)
-        assert not ready["ok"] and "no node can post" in ready["reason"]
-        assert f"{tokens}:2: node node-a is already given at line 1" in ready["reason"]
-        for token in (TOKEN_A, TOKEN_B, SHARED):
-            assert post(server, token, {"node": "node-a"}).status_code == 401
-    finally:
-        server.terminate()
+    server = start_server(f"node-a {TOKEN_A}\nnode-a {TOKEN_B}\n")
+    ready = readyz_component(server)
+    assert not ready["ok"] and "no node can post" in ready["reason"]
+    assert f"{server.tokens}:2: node node-a is already given at line 1" in ready["reason"]
+    for token in (TOKEN_A, TOKEN_B, SHARED):
+        assert post(server, token, {"node": "node-a"}).status_code == 401
 
 
 @pytest.mark.parametrize(("text", "error"), [

@@ -35,6 +35,7 @@ from sloguard.store.cluster_db import (
     severity_named,
     timeline_of,
 )
+from sloguard.store.filters import audit_page, incident_page
 from sloguard.store.pg_migrations import migrate
 
 log = logging.getLogger(__name__)
@@ -269,27 +270,11 @@ class PgIncidents:
         if any("\x00" in v for v in (state, severity, rule, node, *(before or ("", "")))
                if isinstance(v, str)):
             return []  # PostgreSQL's text holds no NUL, so no incident has it
-        clauses: list[str] = []
-        params: list[Any] = []
-        for column, value in (("state", state), ("severity", severity), ("rule", rule),
-                              ("node", node)):
-            if value is not None:
-                clauses.append(f"{column} = %s")
-                params.append(value)
-        if since_ns is not None:
-            clauses.append("started_ns >= %s")
-            params.append(since_ns)
-        if until_ns is not None:
-            clauses.append("started_ns < %s")
-            params.append(until_ns)
-        if before is not None:
-            clauses.append("(started_ns, id) < (%s, %s)")
-            params.extend(before)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        tail, params = incident_page("%s", limit, state=state, severity=severity, rule=rule,
+                                     node=node, since_ns=since_ns, until_ns=until_ns,
+                                     before=before)
         with self.pool.connection() as conn:
-            rows = conn.execute(
-                f"SELECT doc FROM incidents {where} ORDER BY started_ns DESC, id DESC "
-                "LIMIT %s", (*params, limit)).fetchall()
+            rows = conn.execute(f"SELECT doc FROM incidents {tail}", params).fetchall()
         return [Incident.from_dict(json.loads(doc)) for (doc,) in rows]
 
     def open_incidents(self) -> list[Incident]:
@@ -317,17 +302,9 @@ class PgAudit:
                   incident: str | None = None, limit: int = 500) -> list[AuditEntry]:
         if "\x00" in (kind or "") + (incident or ""):
             return []  # PostgreSQL's text holds no NUL, so no entry has it
-        clauses, params = ["time_ns >= %s"], [since_ns]
-        if kind:
-            clauses.append("kind = %s")
-            params.append(kind)
-        if incident:
-            clauses.append("incident = %s")
-            params.append(incident)
+        tail, params = audit_page("%s", limit, since_ns=since_ns, kind=kind, incident=incident)
         with self.pool.connection() as conn:
-            rows = conn.execute(
-                f"SELECT {_AUDIT_COLUMNS} FROM audit WHERE {' AND '.join(clauses)} "
-                "ORDER BY id DESC LIMIT %s", (*params, limit)).fetchall()
+            rows = conn.execute(f"SELECT {_AUDIT_COLUMNS} FROM audit {tail}", params).fetchall()
         return [AuditEntry(*row) for row in rows]
 
     def rungs(self) -> list[Any]:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from sloguard.core.incidents import RESOLVED, STATES, Incident
+from sloguard.store.filters import incident_page
 from sloguard.store.sqlite import add_column, open_db
 
 _SCHEMA = """
@@ -247,28 +248,11 @@ class IncidentStore:
     ) -> list[Incident]:
         """Newest first, at most `limit`; `before`: the (started_ns, id) the previous page
         ended on (keyset pagination, cluster_db.IncidentReader)."""
-        clauses: list[str] = []
-        params: list[object] = []
-        for column, value in (("state", state), ("severity", severity), ("rule", rule),
-                              ("node", node)):
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                params.append(value)
-        if since_ns is not None:
-            clauses.append("started_ns >= ?")
-            params.append(since_ns)
-        if until_ns is not None:
-            clauses.append("started_ns < ?")
-            params.append(until_ns)
-        if before is not None:
-            clauses.append("(started_ns, id) < (?, ?)")
-            params.extend(before)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        tail, params = incident_page("?", limit, state=state, severity=severity, rule=rule,
+                                     node=node, since_ns=since_ns, until_ns=until_ns,
+                                     before=before)
         with self._lock:
-            rows = self._conn.execute(
-                f"SELECT doc FROM incidents {where} ORDER BY started_ns DESC, id DESC LIMIT ?",
-                (*params, limit),
-            ).fetchall()
+            rows = self._conn.execute(f"SELECT doc FROM incidents {tail}", params).fetchall()
         return [Incident.from_dict(json.loads(doc)) for (doc,) in rows]
 
     def open_incidents(self) -> list[Incident]:
