@@ -157,14 +157,14 @@ def run_agent(config: Path, seconds: float, label: str,
             _pusher(port, push_every, stop, failed)
         print(f"[{label}] warming up 10 s", file=sys.stderr, flush=True)
         time.sleep(10)
-        cpu0, wall0 = agent.cpu_times(), time.monotonic()
+        cpu0, wall0, io0 = agent.cpu_times(), time.monotonic(), agent.io_counters()
         rss_max = 0
         while (elapsed := time.monotonic() - wall0) < seconds:
             time.sleep(1)
             rss_max = max(rss_max, agent.memory_info().rss)
             if int(elapsed) % 10 == 0:
                 print(f"[{label}] {elapsed:4.0f}/{seconds:.0f} s", file=sys.stderr, flush=True)
-        cpu1, wall1 = agent.cpu_times(), time.monotonic()
+        cpu1, wall1, io1 = agent.cpu_times(), time.monotonic(), agent.io_counters()
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
         written = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                       if line.startswith("sloguard_samples_written_total"))
@@ -182,6 +182,8 @@ def run_agent(config: Path, seconds: float, label: str,
             "rss_mb": agent.memory_info().rss / 1e6,
             "rss_max_mb": rss_max / 1e6,
             "samples_written": written,
+            # what it writes to disk (the store's WAL and checkpoints, logs): a node's SSD
+            "disk_kb_per_s": (io1.write_bytes - io0.write_bytes) / 1024 / (wall1 - wall0),
         }
     finally:
         stop.set()
@@ -252,7 +254,8 @@ def main() -> None:
     print(f"| metric | {args.cgroups} cgroups | no cgroups | ratio |")
     print("|---|---|---|---|")
     for key, unit in (("cpu_percent", "% of one core"), ("rss_mb", "MB RSS at end"),
-                      ("rss_max_mb", "MB RSS max"), ("samples_written", "samples written")):
+                      ("rss_max_mb", "MB RSS max"), ("samples_written", "samples written"),
+                      ("disk_kb_per_s", "KB written to disk per second")):
         a, b = with_cgroups[key], without[key]
         print(f"| {unit} | {a:.2f} | {b:.2f} | {a / b if b else float('nan'):.2f}x |")
     print(f"| CPU per tick / yardstick ({yard * 1000:.1f} ms) | "

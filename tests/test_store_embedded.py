@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import sqlite3
+import time
 
 import pandas as pd
 import pytest
@@ -160,3 +161,115 @@ def test_size_limit_keeps_a_free_space_reserve(tmp_path):
     assert limit < 1000 + free  # bounded by the filesystem, not by the huge max_size
     assert limit <= 1000 + free - 256 * 1024**2
     store.close()
+
+
+# -- rows wait unindexed, then are folded (store/embedded.py's docstring says why) ------------
+
+def _counts(store: EmbeddedStore, measurement: str) -> tuple[int, int]:
+    """(rows in the indexed table, rows waiting in its twin)."""
+    table = store._catalog.tables[measurement]
+    conn = store._writer
+    return (conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0],
+            conn.execute(f"SELECT count(*) FROM {table}_recent").fetchone()[0])
+
+
+def test_rows_are_read_once_before_and_after_they_are_folded(tmp_path):
+    store = EmbeddedStore(tmp_path / "s.db", 3600, 1 << 30, fold_every_s=3600)
+    store.write(_samples(30))
+    assert _counts(store, "container_cpu") == (0, 60)  # waiting, not in the index yet
+    query = WindowQuery("container_cpu", T0, T0 + 60 * S, fields=("usage_cores",))
+    before = store.read(query)
+    totals = store.read_totals(query)
+    buckets = store.read(WindowQuery("container_cpu", T0, T0 + 60 * S, fields=("usage_cores",),
+                                     every_ns=10 * S, agg="sum"))
+    store.fold_every_s = 0.0001  # the next write folds
+    store.write([Sample("node_load", {"node": "n"}, {"load1": 2.0, "new_field": 1}, T0 + 40 * S)])
+    assert _counts(store, "container_cpu") == (60, 0)
+    assert _counts(store, "node_load") == (31, 0)
+    assert store.read(query).equals(before) and len(before) == 60
+    assert sorted(store.read_totals(query), key=str) == sorted(totals, key=str)
+    assert store.read(WindowQuery("container_cpu", T0, T0 + 60 * S, fields=("usage_cores",),
+                                  every_ns=10 * S, agg="sum")).equals(buckets)
+    # a field that appeared while rows waited is in both tables
+    assert store.read(WindowQuery("node_load", T0, T0 + 60 * S,
+                                  fields=("new_field",)))["new_field"].dropna().tolist() == [1]
+    store.close()
+
+
+def test_rows_waiting_when_the_agent_is_killed_are_kept_and_folded_at_the_next_start(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import os
+        from sloguard.core.samples import Sample
+        from sloguard.store.embedded import EmbeddedStore
+        store = EmbeddedStore({str(tmp_path / 's.db')!r}, 3600, 1 << 30, fold_every_s=3600)
+        for i in range(20):
+            store.write([Sample("m", {{"node": "n", "c": str(c)}}, {{"v": float(i)}},
+                                {T0} + i * {S}) for c in range(5)])
+        os._exit(9)  # killed: no close, no final checkpoint
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 9, done.stderr
+    store = EmbeddedStore(tmp_path / "s.db", 3600, 1 << 30)
+    assert _counts(store, "m") == (100, 0)  # folded as it opened
+    frame = store.read(WindowQuery("m", T0, T0 + 30 * S))
+    assert len(frame) == 100 and sorted(set(frame["v"])) == [float(i) for i in range(20)]
+    store.close()
+
+
+def test_a_store_written_before_the_twins_gets_them(tmp_path):
+    old = EmbeddedStore(tmp_path / "s.db", 3600, 1 << 30, fold_every_s=0)  # as before: indexed
+    old.write(_samples(10))
+    assert _counts(old, "node_load") == (10, 0)
+    old.close()
+    conn = sqlite3.connect(tmp_path / "s.db")
+    for (name,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE name LIKE '%_recent'").fetchall():
+        conn.execute(f"DROP TABLE {name}")
+    conn.commit()
+    conn.close()
+    store = EmbeddedStore(tmp_path / "s.db", 3600, 1 << 30)
+    store.write([Sample("node_load", {"node": "n"}, {"load1": 7.0, "procs_running": 1},
+                        T0 + 20 * S)])
+    assert _counts(store, "node_load") == (10, 1)
+    assert store.read(WindowQuery("node_load", T0, T0 + 30 * S,
+                                  fields=("load1",)))["load1"].tolist() == [1.5] * 10 + [7.0]
+    store.close()
+
+
+def test_a_reader_never_sees_a_fold_half_done(tmp_path):
+    """Another connection reads while the writer folds at every other write: each read has
+    whole batches, never a row twice (in both tables) or missing (in neither)."""
+    import threading
+
+    writer = EmbeddedStore(tmp_path / "s.db", 3600, 1 << 30, fold_every_s=0.002)
+    reader = EmbeddedStore(tmp_path / "s.db", 3600, 1 << 30)
+    stop, seen, bad = threading.Event(), [], []
+    query = WindowQuery("m", 0, T0 + 10**6 * S, fields=("v",))
+
+    def read() -> None:
+        while not stop.is_set():
+            frame = reader.read(query)
+            seen.append(len(frame))
+            if len(frame) % 50 or frame.duplicated(["time", "c"]).any():
+                bad.append(len(frame))
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    for i in range(200):
+        writer.write([Sample("m", {"node": "n", "c": str(c)}, {"v": float(i)}, T0 + i * S)
+                      for c in range(50)])
+        if i % 2:
+            time.sleep(0.003)
+    stop.set()
+    thread.join()
+    assert not bad, bad[:10]
+    assert len(seen) > 20 and seen == sorted(seen)  # reads went on while it wrote
+    assert len(reader.read(query)) == 200 * 50
+    folded, waiting = _counts(writer, "m")
+    assert folded > 0 and folded + waiting == 200 * 50
+    writer.close()
+    reader.close()

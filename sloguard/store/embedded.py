@@ -6,6 +6,16 @@ layout inserted faster than the DuckDB store did. Each measurement has its own t
 per field (added as fields appear), so a tick of 100 cgroups is ~500 rows, not ~3,600
 single-value rows, and a window read returns the wide frame directly. WAL lets readers (the UI,
 another process) read while the agent's loop writes.
+
+Each measurement's table is indexed by (series, time) so that one series' window is a range
+read; but each tick appends one row to every series, which then lands in as many index pages
+as there are series, each written whole to the WAL and again at the checkpoint: ~5 MB of disk
+writes a tick for 100 cgroups, and most of the store's CPU (benchmarks/store_write.py). So a
+tick's rows go to an unindexed twin table (`<table>_recent`, appended in time order: a few
+pages), and every `fold_every_s` (30 s) they are moved into the indexed table in one statement,
+each series' 30 rows side by side. Every write is as durable as before (nothing waits in
+memory), and reads take both tables in one statement, so a reader sees every row exactly once
+whether or not a fold has happened since.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,6 +58,9 @@ CREATE TABLE IF NOT EXISTS fields (
 """
 _SQL_AGG = {"mean": "AVG", "min": "MIN", "max": "MAX", "sum": "SUM", "count": "COUNT"}
 _DELETE_BATCH = 50_000
+FOLD_EVERY_S = 30.0  # benchmarks/store_write.py: disk writes and CPU per tick against 1 s
+FOLD_ROWS = 100_000  # and sooner when this many rows wait: a read scans all of them
+RECENT = "_recent"  # suffix of the unindexed twin of each measurement's table
 FREE_SPACE_RESERVE = 256 * 1024**2  # or 5% of the filesystem, whichever is larger
 MAX_FIELDS = 1000  # columns of one measurement's table (SQLite allows 2000 in all)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -117,7 +131,11 @@ class _Catalog:
 class EmbeddedStore:
     name = "embedded"
 
-    def __init__(self, path: Path, retention_s: float, max_size: int) -> None:
+    def __init__(self, path: Path, retention_s: float, max_size: int,
+                 fold_every_s: float = FOLD_EVERY_S) -> None:
+        if fold_every_s < 0:
+            raise ValueError("fold_every_s must be >= 0 (0: every write goes to the index)")
+        self.fold_every_s = fold_every_s
         self.path = Path(path)
         self.retention_ns = int(retention_s * 1e9)
         self.max_size = max_size
@@ -132,6 +150,21 @@ class EmbeddedStore:
         self._reader = self._connect()
         self._catalog = _Catalog()
         self._catalog.load(self._writer)
+        self._waiting: set[str] = set()  # measurements with rows in their _recent table
+        self._waiting_rows = 0
+        self._folded_at = time.monotonic()
+        try:  # a store written before the twins existed gets them; rows left waiting by a
+            # stopped (or killed) agent are folded now
+            self._writer.execute("BEGIN IMMEDIATE")
+            for measurement, table in self._catalog.tables.items():
+                self._ensure_recent(self._writer, measurement, table)
+            self._waiting = set(self._catalog.tables)
+            self._fold(self._writer)
+            self._writer.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if self._writer.in_transaction:
+                self._writer.execute("ROLLBACK")
+            raise StoreError(f"{self.path}: cannot prepare the embedded store: {exc}") from exc
         self._read_catalog = _Catalog()
         self._generation = 0  # bumped when retention removes series: readers reload
         self._read_generation = 0
@@ -189,6 +222,8 @@ class EmbeddedStore:
         """One transaction, committed whole or rolled back whole: _Unstorable when a sample is
         to blame (the caller halves the batch), StoreError when the database is."""
         conn, catalog = self._writer, self._catalog
+        # what waits to be folded, as it was: a rolled-back transaction leaves it so
+        before = self._waiting, self._waiting_rows, self._folded_at
         try:
             conn.execute("BEGIN IMMEDIATE")
             # measurement -> field names (in order) -> rows
@@ -202,16 +237,24 @@ class EmbeddedStore:
                 groups[sample.measurement][names].append(
                     (sid, sample.time_ns, *sample.fields.values()))
             rows = 0
+            into = RECENT if self.fold_every_s else ""
             for measurement, by_fields in groups.items():
                 table = self._table(conn, measurement)
                 for names, values in by_fields.items():
                     cols = [self._column(conn, measurement, table, n) for n in names]
                     marks = ",".join("?" * (len(cols) + 2))
                     conn.executemany(
-                        f"INSERT INTO {table} (series_id, ts{''.join(',' + c for c in cols)})"
-                        f" VALUES ({marks})", values,
+                        f"INSERT INTO {table}{into} "
+                        f"(series_id, ts{''.join(',' + c for c in cols)}) VALUES ({marks})",
+                        values,
                     )
                     rows += len(values)
+            if into:
+                self._waiting = self._waiting | set(groups)
+                self._waiting_rows += rows
+                if (self._waiting_rows >= FOLD_ROWS
+                        or time.monotonic() - self._folded_at >= self.fold_every_s):
+                    self._fold(conn)
             conn.execute("COMMIT")
         except BaseException as exc:
             # Whatever went wrong, the transaction must not outlive this call.
@@ -222,6 +265,7 @@ class EmbeddedStore:
                     log.error("embedded store: rollback failed: %s", rollback)
             catalog.reset(conn)  # entries created by the failed transaction are gone
             self._fast_ids.clear()
+            self._waiting, self._waiting_rows, self._folded_at = before
             if isinstance(exc, _Unstorable) or not isinstance(exc, Exception):
                 raise
             if type(exc) in _RETRYABLE or (  # locked, busy, disk full or I/O: keep the batch
@@ -262,7 +306,33 @@ class EmbeddedStore:
             conn.execute(f"CREATE INDEX {table}_by_series ON {table} (series_id, ts)")
             self._catalog.tables[measurement] = table
             self._catalog.columns[measurement] = {}
+            self._ensure_recent(conn, measurement, table)
         return table
+
+    def _ensure_recent(self, conn: sqlite3.Connection, measurement: str, table: str) -> None:
+        """The unindexed twin of `table`, with its columns (a store written before the twins,
+        or by a version that added a column to the table alone, is brought up to date)."""
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {table}{RECENT} "
+                     "(series_id INTEGER NOT NULL, ts INTEGER NOT NULL)")
+        has = {row[1] for row in conn.execute(f"PRAGMA table_info({table}{RECENT})")}
+        for col in self._catalog.columns.get(measurement, {}).values():
+            if col not in has:
+                conn.execute(f"ALTER TABLE {table}{RECENT} ADD COLUMN {col}")
+
+    def _fold(self, conn: sqlite3.Connection) -> None:
+        """Move the waiting rows into the indexed tables, in time order (inside the caller's
+        transaction: a reader sees them in one table or the other, never both or neither)."""
+        for measurement in self._waiting:
+            table = self._catalog.tables.get(measurement)
+            if table is None:
+                continue
+            cols = "series_id, ts" + "".join(
+                f", {c}" for c in self._catalog.columns.get(measurement, {}).values())
+            conn.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {table}{RECENT} "
+                         "ORDER BY rowid")
+            conn.execute(f"DELETE FROM {table}{RECENT}")
+        self._waiting, self._waiting_rows = set(), 0
+        self._folded_at = time.monotonic()
 
     def _column(self, conn: sqlite3.Connection, measurement: str, table: str, name: str) -> str:
         columns = self._catalog.columns[measurement]
@@ -273,6 +343,7 @@ class EmbeddedStore:
                                   f"a new one ({name[:100]!r}) would not fit")
             col = f"f{len(columns) + 1}"
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {col}")
+            conn.execute(f"ALTER TABLE {table}{RECENT} ADD COLUMN {col}")
             conn.execute("INSERT INTO fields VALUES (?, ?, ?)",
                          (int(table[1:]), name, col))
             columns[name] = col
@@ -302,18 +373,17 @@ class EmbeddedStore:
             present = [f for f in wanted if f in columns]
             if not series or not present:
                 return [], series, present
-            table = catalog.tables[query.measurement]
-            where = f"series_id IN ({','.join('?' * len(series))}) AND ts >= ? AND ts < ?"
-            params: list = [*series, query.start_ns, query.end_ns]
             cols = [columns[f] for f in present]
+            rows, params = _both_tables(catalog.tables[query.measurement], list(series),
+                                        query.start_ns, query.end_ns, cols)
             if query.every_ns and agg in _SQL_AGG:
                 fn = _SQL_AGG[agg]
                 select = ", ".join(f"{fn}({c})" for c in cols)
-                sql = (f"SELECT series_id, (ts / ?) * ? AS bucket, {select} FROM {table} "
-                       f"WHERE {where} GROUP BY series_id, bucket")
+                sql = (f"SELECT series_id, (ts / ?) * ? AS bucket, {select} FROM {rows} "
+                       "GROUP BY series_id, bucket")
                 params = [query.every_ns, query.every_ns, *params]
             else:
-                sql = f"SELECT series_id, ts, {', '.join(cols)} FROM {table} WHERE {where}"
+                sql = f"SELECT series_id, ts, {', '.join(cols)} FROM {rows}"
             try:
                 return self._reader.execute(sql, params).fetchall(), series, present
             except sqlite3.Error as exc:
@@ -375,14 +445,12 @@ class EmbeddedStore:
             return []
         with self._read_lock:
             catalog = self._read_catalog
-            table = catalog.tables[query.measurement]
             column = catalog.columns[query.measurement][present[0]]
-            sql = (f"SELECT series_id, SUM({column}), COUNT({column}) FROM {table} WHERE "
-                   f"series_id IN ({','.join('?' * len(series))}) AND ts >= ? AND ts < ? "
-                   "GROUP BY series_id")
+            both, params = _both_tables(catalog.tables[query.measurement], list(series),
+                                        query.start_ns, query.end_ns, [column])
+            sql = f"SELECT series_id, SUM({column}), COUNT({column}) FROM {both} GROUP BY series_id"
             try:
-                rows = self._reader.execute(sql, [*series, query.start_ns,
-                                                  query.end_ns]).fetchall()
+                rows = self._reader.execute(sql, params).fetchall()
             except sqlite3.Error as exc:
                 raise StoreError(f"{self.path}: {exc}") from exc
         return [(dict(series[sid]), float(total or 0.0), int(count)) for sid, total, count
@@ -395,6 +463,15 @@ class EmbeddedStore:
         with self._write_lock:
             try:
                 self._flush_last_seen()
+                if self._waiting:  # retention and the size bound work on the indexed tables
+                    self._writer.execute("BEGIN IMMEDIATE")
+                    try:
+                        self._fold(self._writer)
+                        self._writer.execute("COMMIT")
+                    except BaseException:
+                        if self._writer.in_transaction:
+                            self._writer.execute("ROLLBACK")
+                        raise
                 cutoff = now_ns - self.retention_ns
                 for table in self._catalog.tables.values():
                     boundary = self._writer.execute(
@@ -486,6 +563,17 @@ class EmbeddedStore:
             self._writer.close()
         with self._read_lock:
             self._reader.close()
+
+
+def _both_tables(table: str, series: list[int], start_ns: int, end_ns: int,
+                 cols: list[str]) -> tuple[str, list]:
+    """A subquery of the window's rows from the indexed table and its twin of rows waiting to
+    be folded, and its parameters: one statement, so one snapshot (a fold in between cannot
+    show a row twice or not at all)."""
+    where = f"series_id IN ({','.join('?' * len(series))}) AND ts >= ? AND ts < ?"
+    select = f"SELECT series_id, ts, {', '.join(cols)} FROM"
+    return (f"({select} {table} WHERE {where} UNION ALL {select} {table}{RECENT} WHERE {where})",
+            [*series, start_ns, end_ns] * 2)
 
 
 def _bucket_in_pandas(raw: pd.DataFrame, every_ns: int, agg: str,
