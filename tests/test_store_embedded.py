@@ -273,3 +273,43 @@ def test_a_reader_never_sees_a_fold_half_done(tmp_path):
     assert folded > 0 and folded + waiting == 200 * 50
     writer.close()
     reader.close()
+
+
+def test_opening_a_store_with_nothing_waiting_does_not_wait_for_its_writer(tmp_path):
+    """A backtest or a second process opening the agent's store while the agent holds the
+    write lock: with nothing waiting to be folded, opening takes no write lock, so it does not
+    wait for the agent (nor fail after the busy timeout)."""
+    first = EmbeddedStore(tmp_path / "s.db", 3600, 1 << 30, fold_every_s=0)
+    first.write(_samples(5))
+    first._writer.execute("BEGIN IMMEDIATE")  # the agent, mid-write
+    try:
+        started = time.monotonic()
+        again = EmbeddedStore(tmp_path / "s.db", 3600, 1 << 30)
+        assert time.monotonic() - started < 2
+        assert len(again.read(WindowQuery("node_load", T0, T0 + 10 * S))) == 5
+        again.close()
+    finally:
+        first._writer.execute("ROLLBACK")
+    first.close()
+
+
+def test_a_twin_short_of_a_column_is_mended_when_the_store_opens(tmp_path):
+    """A version without twins (a downgrade) added a field to the indexed table alone; the
+    next start gives the twin that column too, and reads and folds keep working."""
+    first = EmbeddedStore(tmp_path / "s.db", 3600, 1 << 30)
+    first.write(_samples(5))
+    table = first._catalog.tables["node_load"]
+    first.close()
+    conn = sqlite3.connect(tmp_path / "s.db")
+    conn.execute(f"ALTER TABLE {table} ADD COLUMN f9")
+    conn.execute("INSERT INTO fields VALUES (?, 'older_field', 'f9')", (int(table[1:]),))
+    conn.execute(f"INSERT INTO {table} (series_id, ts, f9) VALUES "
+                 f"((SELECT id FROM series WHERE measurement = 'node_load'), {T0 + 7 * S}, 4.0)")
+    conn.commit()
+    conn.close()
+    store = EmbeddedStore(tmp_path / "s.db", 3600, 1 << 30, fold_every_s=0.0001)
+    store.write([Sample("node_load", {"node": "n"}, {"older_field": 5.0}, T0 + 8 * S)])
+    frame = store.read(WindowQuery("node_load", T0, T0 + 10 * S, fields=("older_field",)))
+    assert frame["older_field"].dropna().tolist() == [4.0, 5.0]
+    assert _counts(store, "node_load")[1] == 0  # folded
+    store.close()

@@ -154,13 +154,24 @@ class EmbeddedStore:
         self._waiting_rows = 0
         self._folded_at = time.monotonic()
         try:  # a store written before the twins existed gets them; rows left waiting by a
-            # stopped (or killed) agent are folded now
-            self._writer.execute("BEGIN IMMEDIATE")
+            # stopped (or killed) agent are folded now. Looked at first, so that opening a store
+            # with nothing to do takes no write lock (a backtest opening the agent's store
+            # while it writes would wait for it)
+            conn, stale, waiting = self._writer, False, set()
             for measurement, table in self._catalog.tables.items():
-                self._ensure_recent(self._writer, measurement, table)
-            self._waiting = set(self._catalog.tables)
-            self._fold(self._writer)
-            self._writer.execute("COMMIT")
+                has = {row[1] for row in conn.execute(f"PRAGMA table_info({table}{RECENT})")}
+                if not has or not has.issuperset(self._catalog.columns.get(measurement, {})
+                                                 .values()):
+                    stale = True  # no twin (a store from before them), or one short of a column
+                elif conn.execute(f"SELECT 1 FROM {table}{RECENT} LIMIT 1").fetchone():
+                    waiting.add(measurement)
+            if waiting or stale:
+                conn.execute("BEGIN IMMEDIATE")
+                for measurement, table in self._catalog.tables.items():
+                    self._ensure_recent(conn, measurement, table)
+                self._waiting = set(self._catalog.tables) if stale else waiting
+                self._fold(conn)
+                conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if self._writer.in_transaction:
                 self._writer.execute("ROLLBACK")
