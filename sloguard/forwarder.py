@@ -263,7 +263,7 @@ class Forwarder:
                 # server refusing every body) would otherwise have each passed over, all lost
                 self._post(self._body([], left))
                 self._pass_over(part[0], len(data), str(exc),
-                                "as too large" if isinstance(exc, TooLarge) else "as invalid")
+                                "too large" if isinstance(exc, TooLarge) else "invalid")
             else:
                 self._count_sent(part)
             self._advance(part)
@@ -307,19 +307,19 @@ class Forwarder:
                 self.metrics.labels(key).inc()
 
     def _pass_over(self, item: tuple[str, Any], size: int, why: str,
-                   refused: str = "as too large") -> None:
+                   refused: str = "too large") -> None:
         """One item the server refuses even alone: recorded and skipped, never retried (the
         next change of that incident is tried afresh), so it blocks nothing behind it."""
         kind, thing = item
         if kind == "incidents" and thing.incident is None:
             kind = "withdrawn"
         shown = thing.id
-        log.error("forward: %s %s (%d bytes) refused alone %s, passed over: %s",
+        log.error("forward: %s %s (%d bytes) refused alone as %s, passed over: %s",
                   kind[:-1] if kind != "withdrawn" else "withdrawal of", shown, size, refused,
                   why)
         self.skipped[kind] += 1
         self.skipped_items = [*self.skipped_items, {
-            "kind": kind, "id": shown, "bytes": size, "refused": refused.removeprefix("as "),
+            "kind": kind, "id": shown, "bytes": size, "refused": refused,
             "why": why[:300], "time_ns": time.time_ns()}][-SKIPPED_KEPT:]
         if self.skipped_metric is not None:
             self.skipped_metric.labels(kind).inc()

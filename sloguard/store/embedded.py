@@ -20,6 +20,7 @@ whether or not a fold has happened since.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ import sqlite3
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -157,24 +159,20 @@ class EmbeddedStore:
             # stopped (or killed) agent are folded now. Looked at first, so that opening a store
             # with nothing to do takes no write lock (a backtest opening the agent's store
             # while it writes would wait for it)
-            conn, stale, waiting = self._writer, False, set()
+            conn, stale, waiting = self._writer, [], set()
             for measurement, table in self._catalog.tables.items():
-                has = {row[1] for row in conn.execute(f"PRAGMA table_info({table}{RECENT})")}
-                if not has or not has.issuperset(self._catalog.columns.get(measurement, {})
-                                                 .values()):
-                    stale = True  # no twin (a store from before them), or one short of a column
+                if self._twin_missing(conn, measurement, table):
+                    stale.append((measurement, table))  # a store from before the twins, or
+                    # a twin one column short (written by such a version since)
                 elif conn.execute(f"SELECT 1 FROM {table}{RECENT} LIMIT 1").fetchone():
                     waiting.add(measurement)
             if waiting or stale:
-                conn.execute("BEGIN IMMEDIATE")
-                for measurement, table in self._catalog.tables.items():
-                    self._ensure_recent(conn, measurement, table)
-                self._waiting = set(self._catalog.tables) if stale else waiting
-                self._fold(conn)
-                conn.execute("COMMIT")
+                with self._transaction():
+                    for measurement, table in stale:
+                        self._ensure_recent(conn, measurement, table)
+                    self._waiting = waiting | {m for m, _ in stale}
+                    self._fold(conn)
         except sqlite3.Error as exc:
-            if self._writer.in_transaction:
-                self._writer.execute("ROLLBACK")
             raise StoreError(f"{self.path}: cannot prepare the embedded store: {exc}") from exc
         self._read_catalog = _Catalog()
         self._generation = 0  # bumped when retention removes series: readers reload
@@ -320,15 +318,34 @@ class EmbeddedStore:
             self._ensure_recent(conn, measurement, table)
         return table
 
+    def _twin_missing(self, conn: sqlite3.Connection, measurement: str,
+                      table: str) -> list[str]:
+        """The columns `table`'s twin lacks (all of them, with series_id and ts, when there is
+        no twin)."""
+        has = {row[1] for row in conn.execute(f"PRAGMA table_info({table}{RECENT})")}
+        wanted = ["series_id", "ts", *self._catalog.columns.get(measurement, {}).values()]
+        return [col for col in wanted if col not in has]
+
     def _ensure_recent(self, conn: sqlite3.Connection, measurement: str, table: str) -> None:
         """The unindexed twin of `table`, with its columns (a store written before the twins,
         or by a version that added a column to the table alone, is brought up to date)."""
         conn.execute(f"CREATE TABLE IF NOT EXISTS {table}{RECENT} "
                      "(series_id INTEGER NOT NULL, ts INTEGER NOT NULL)")
-        has = {row[1] for row in conn.execute(f"PRAGMA table_info({table}{RECENT})")}
-        for col in self._catalog.columns.get(measurement, {}).values():
-            if col not in has:
-                conn.execute(f"ALTER TABLE {table}{RECENT} ADD COLUMN {col}")
+        for col in self._twin_missing(conn, measurement, table):
+            conn.execute(f"ALTER TABLE {table}{RECENT} ADD COLUMN {col}")
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """BEGIN IMMEDIATE on the writer; COMMIT, or ROLLBACK on any error."""
+        conn = self._writer
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
 
     def _fold(self, conn: sqlite3.Connection) -> None:
         """Move the waiting rows into the indexed tables, in time order (inside the caller's
@@ -475,14 +492,8 @@ class EmbeddedStore:
             try:
                 self._flush_last_seen()
                 if self._waiting:  # retention and the size bound work on the indexed tables
-                    self._writer.execute("BEGIN IMMEDIATE")
-                    try:
+                    with self._transaction():
                         self._fold(self._writer)
-                        self._writer.execute("COMMIT")
-                    except BaseException:
-                        if self._writer.in_transaction:
-                            self._writer.execute("ROLLBACK")
-                        raise
                 cutoff = now_ns - self.retention_ns
                 for table in self._catalog.tables.values():
                     boundary = self._writer.execute(
