@@ -8,11 +8,14 @@ on the incident ("p99 went from 0.2 to 3.1 ms at 14:02:17").
 The default segmentation (#25, chosen on TCPD by benchmarks/changepoint_methods.py; the figures
 and the sensitivity of each default are in docs/plugins.md): each segment is a straight line
 (`cost: linear`), so a steady trend or drift is one segment and a jump or a change of slope is a
-change; binary segmentation (`method: binseg`, numpy, about 0.1 to 1 ms for a 1,000-point
-window); penalty 3 x log(n) x the residual variance of one line through the window (MBIC's
-constant). `method: pelt` finds the exact optimum of the same criterion (9 to 16 ms per 1,000
-points); `cost: constant` segments levels only (the default before #25, with `method: kernel`,
-ruptures' KernelCPD in C, the fastest exact one).
+change; the optimum of the penalised cost over a grid of at most 100 candidate change points
+(`method: grid`, numpy: the exact optimum for a window up to 100 points; 1 to 2x binseg's
+time); penalty 3 x log(n) x the residual variance of one line through the window (MBIC's
+constant).
+`method: binseg`, binary segmentation (the default from #25 until the grid search; up to 2x
+faster, a little less accurate); `method: pelt`, the exact optimum at any length (9 to 16 ms per
+1,000 points); `cost: constant` segments levels only (the default before #25, with
+`method: kernel`, ruptures' KernelCPD in C, the fastest exact one).
 
 Parameters (rule `params`):
   window          points kept and segmented (default 120; at most 5000)
@@ -22,7 +25,7 @@ Parameters (rule `params`):
   min_shift       smallest absolute level change that counts (default 0)
   min_relative    smallest change relative to the level before it, 0.5 = 50% (default 0)
   direction       up, down or both (default up)
-  method          binseg, pelt or kernel (default binseg)
+  method          grid, binseg, pelt or kernel (default grid)
   cost            linear or constant (default linear; kernel takes constant only, its default)
 Once fired, the detector holds the level from before the change and recovers when the mean of
 the last `min_size` points has come back more than half way to it.
@@ -63,7 +66,7 @@ class ChangePoint:
         if self.penalty <= 0 or self.recent < 1 or self.min_shift < 0 or self.min_relative < 0:
             raise ValueError("penalty and recent must be positive, min_shift and min_relative "
                              "not negative")
-        method = params.get("method", "binseg")
+        method = params.get("method", "grid")
         self.cost = params.get("cost", "constant" if method == "kernel" else "linear")
         self._algo = make_algorithm(method, self.min_size, self.cost)
         self.points: deque[tuple[int, float]] = deque(maxlen=self.window)
@@ -202,16 +205,34 @@ class _Cost:
         return out
 
 
+GRID_POINTS = 100
+"""The `grid` search's most candidate change points: a window up to this long gets the exact
+optimum; a longer one a grid of this many points, each change then moved to its best place
+within a grid step. Chosen by cost, not by score (benchmarks/changepoint_methods.py, issue #25):
+100 costs 1 to 2x binseg's time on a 1,000-point window and on the default 120-point one, 200
+costs 2 to 5x (up to 5 ms on a busy 2-core VM); TCPD's cover is the same within 0.005 from 50
+to 400 points."""
+
+
 class Segmenter:
     """Penalised least-squares segmentation, ruptures' fit/predict shape, in numpy.
 
     `binseg`: binary segmentation, each segment split at its best point while that lowers the
     cost by more than the penalty (one vectorised search per level of the tree). `pelt`: the exact
     optimum (optimal partitioning with PELT pruning, the ends processed `min_size` at a time).
+    `grid`: optimal partitioning over at most GRID_POINTS candidate change points (every point of
+    a shorter window, so there the same optimum as `pelt`), each change then moved to its best
+    place within a grid step between its neighbours. Binary segmentation fixes each split before
+    it looks inside the halves, so two changes close together or a change of slope next to a
+    jump end up misplaced or merged; the optimum over all segmentations does not (TCPD cover
+    0.716 -> 0.727, docs/plugins.md), and the grid bounds its cost where PELT's pruning does
+    not (no change to prune on: O(n^2) segments, 9 to 16 ms for 1,000 points).
     """
 
-    def __init__(self, search: str, cost: str, min_size: int) -> None:
+    def __init__(self, search: str, cost: str, min_size: int,
+                 grid_points: int = GRID_POINTS) -> None:
         self.search, self.linear, self.min_size = search, cost == "linear", min_size
+        self.grid_points = grid_points
         self.n = 0
 
     def fit(self, signal: Any) -> Segmenter:
@@ -222,8 +243,8 @@ class Segmenter:
         return self
 
     def predict(self, pen: float) -> list[int]:
-        breaks = self._binseg(pen) if self.search == "binseg" else self._pelt(pen)
-        return [*breaks, self.n]
+        search = {"binseg": self._binseg, "pelt": self._pelt, "grid": self._grid}[self.search]
+        return [*search(pen), self.n]
 
     def _binseg(self, pen: float) -> list[int]:
         import numpy as np
@@ -276,13 +297,49 @@ class Segmenter:
             out.append(b)
         return out[::-1]
 
+    def _grid(self, pen: float) -> list[int]:
+        import numpy as np
+
+        n, m, cost = self.n, self.min_size, self._cost
+        if n < 2 * m:
+            return []
+        step = -(-n // self.grid_points)
+        at = np.unique(np.minimum(np.arange(0, n + step, step), n))  # 0, step, ..., n
+        g = len(at)
+        first, second = np.triu_indices(g, 1)
+        long_enough = at[second] - at[first] >= m
+        first, second = first[long_enough], second[long_enough]
+        segment = np.full((g, g), np.inf)  # segment[j, i]: the cost of x[at[i]:at[j]]
+        segment[second, first] = cost(at[first], at[second])
+        best = np.full(g, np.inf)  # best[j]: the least penalised cost of x[:at[j]]
+        best[0] = -pen
+        last = [0] * g
+        for j in range(1, g):
+            total = best[:j] + segment[j, :j]
+            last[j] = int(total.argmin())
+            best[j] = total[last[j]] + pen
+        bounds, j = [n], g - 1
+        while (j := last[j]) > 0:
+            bounds.append(int(at[j]))
+        bounds.append(0)
+        bounds.reverse()
+        if step > 1:  # each change to its best place within a step, between its neighbours
+            for k in range(1, len(bounds) - 1):
+                low = max(bounds[k - 1] + m, bounds[k] - step + 1)
+                high = min(bounds[k + 1] - m, bounds[k] + step - 1)
+                if low < high:
+                    t = np.arange(low, high + 1)
+                    split = cost(bounds[k - 1], t) + cost(t, bounds[k + 1])
+                    bounds[k] = int(t[np.argmin(split)])
+        return bounds[1:-1]
+
 
 def make_algorithm(method: str, min_size: int, cost: str = "linear") -> Any:
-    """The segmenter of `method` (binseg, pelt, kernel) with `cost` (linear, constant)."""
+    """The segmenter of `method` (grid, binseg, pelt, kernel) with `cost` (linear, constant)."""
     if cost not in ("linear", "constant"):
         raise ValueError("cost must be linear or constant")
-    if method not in ("binseg", "pelt", "kernel"):
-        raise ValueError("method must be binseg, pelt or kernel")
+    if method not in ("grid", "binseg", "pelt", "kernel"):
+        raise ValueError("method must be grid, binseg, pelt or kernel")
     if min_size < 2:
         raise ValueError("min_size must be at least 2")
     if method != "kernel":

@@ -556,7 +556,7 @@ def score_tcpd(
     = None,
     annotations: Annotated[Path | None, typer.Option(
         help="the annotations.json [ROOT/analysis/annotations/annotations.json]")] = None,
-    method: Annotated[str, typer.Option(help="binseg, pelt or kernel")] = "binseg",
+    method: Annotated[str, typer.Option(help="grid, binseg, pelt or kernel")] = "grid",
     cost: Annotated[str | None, typer.Option(
         help="linear or constant [linear; constant with kernel]")] = None,
     penalty: Annotated[float, typer.Option(

@@ -110,25 +110,51 @@ def test_the_exact_search_finds_the_optimum_and_binseg_the_planted_changes():
     from sloguard.plugins.changepoint import make_algorithm, penalty
 
     rng = np.random.default_rng(4)
+    misses = 0
     for trial in range(40):
         n = int(rng.integers(12, 70))
         levels = np.repeat(rng.normal(0, 2, 4), n // 4 + 1)[:n]
         x = levels + np.arange(n) * rng.normal(0, 0.05) + rng.normal(0, 1, n)
         for cost in ("linear", "constant"):
             pen = penalty(x, float(rng.uniform(0.3, 3)), cost)
-            found = make_algorithm("pelt", 3, cost).fit(x.reshape(-1, 1)).predict(pen=pen)
-            assert found[:-1] == _optimum(x, pen, 3, cost == "linear"), (trial, cost)
-            assert found[-1] == n
+            optimum = _optimum(x, pen, 3, cost == "linear")
+            for method in ("pelt", "grid"):  # grid: every point is a candidate up to 100
+                found = make_algorithm(method, 3, cost).fit(x.reshape(-1, 1)).predict(pen=pen)
+                assert found[:-1] == optimum, (trial, cost, method)
+                assert found[-1] == n
+            binseg = make_algorithm("binseg", 3, cost).fit(x.reshape(-1, 1)).predict(pen=pen)
+            misses += binseg[:-1] != optimum
+    assert misses > 0  # the greedy search does miss the optimum: the check above can fail
     # two dimensions segmented jointly: a jump in one, a small jump onto a slope in the other
     t = np.arange(300, dtype=float)
     signal = np.column_stack([np.where(t < 100, 0.0, 4.0),
                               np.where(t < 200, 0.0, 1.5 + (t - 200) / 20)])
     signal += rng.normal(0, 0.5, signal.shape)
-    for method in ("binseg", "pelt"):
+    for method in ("grid", "binseg", "pelt"):
         breaks = make_algorithm(method, 5, "linear").fit(signal).predict(
             pen=penalty(signal, 3.0, "linear"))
         assert len(breaks) == 3 and abs(breaks[0] - 100) <= 2 and abs(breaks[1] - 200) <= 2, breaks
 
+
+def test_the_grid_search_of_a_long_window_finds_changes_between_its_grid_points():
+    """A 1,000-point window: candidates every 10th point, then each change moved to its best
+    place within a step; the planted changes (333 and 667, off the grid) come out where the exact
+    optimum puts them, not rounded to the grid."""
+    import numpy as np
+
+    from sloguard.plugins.changepoint import GRID_POINTS, make_algorithm, penalty
+
+    t = np.arange(1000, dtype=float)
+    assert len(t) > GRID_POINTS
+    signal = (np.where(t < 333, 0.0, 3.0) + np.where(t < 667, 0.0, -2.0)
+              + np.where(t < 871, 0.0, (t - 871) / 20))
+    for seed in range(5):
+        x = (signal + np.random.default_rng(seed).normal(0, 1, len(t))).reshape(-1, 1)
+        pen = penalty(x, 3.0, "linear")
+        grid = make_algorithm("grid", 5, "linear").fit(x).predict(pen=pen)
+        assert grid == make_algorithm("pelt", 5, "linear").fit(x).predict(pen=pen), seed
+        assert grid[0] == 333 and abs(grid[1] - 667) <= 1, (seed, grid)
+    assert make_algorithm("grid", 5, "linear").fit(x[:9]).predict(pen=pen) == [9]  # < 2 x 5
 
 def test_page_hinkley_streams_a_shift_and_recovers():
     rng = random.Random(0)
