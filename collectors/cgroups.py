@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 _UNLIMITED_V1 = 1 << 62  # v1 reports "no limit" as a huge page-aligned number
 PSI_RESOURCES = ("cpu", "memory", "io")
+# Per resource, per kind: the parsed total, the counter kept between ticks, the rate's field.
+_PSI_COUNTERS = {res: tuple((f"{kind}_total", f"psi_{res}_{kind}", f"{kind}_rate")
+                            for kind in ("some", "full")) for res in PSI_RESOURCES}
 
 
 def _read(path: str) -> bytes | None:
@@ -167,6 +170,7 @@ class _Tracked:
     mem_stat: str | None
     mem_v2: bool
     psi: dict[str, str] = field(default_factory=dict)
+    psi_tags: dict[str, dict[str, str]] = field(default_factory=dict)  # with "resource"
     limit_cores: float | None = None
     limit_bytes: int | None = None
     prev: dict[str, float] = field(default_factory=dict)
@@ -315,6 +319,7 @@ class CgroupCollector(CollectorBase):
                 path = f"{unified}/{res}.pressure"
                 if os.path.exists(path):
                     item.psi[res] = path
+                    item.psi_tags[res] = {**tags, "resource": res}
         return item
 
     def _tags(self, rel: str) -> dict[str, str]:
@@ -377,60 +382,76 @@ class CgroupCollector(CollectorBase):
         return samples
 
     def _collect_one(self, item: _Tracked, now_ns: int, out: list[Sample]) -> bool:
-        """Append the cgroup's samples; False when it vanished."""
+        """Append the cgroup's samples; False when it vanished.
+
+        Written flat (counters by local name, no helper calls per counter, each PSI sample's
+        tags built once at tracking): it runs for every cgroup every second, and this shape
+        took 0.90x the CPU of the per-counter helpers it replaced on 100 cgroups (9.4 against
+        8.5 ms a tick, the two alternated in one process; "collect cgroups" in
+        benchmarks/agent_tick.py is this).
+        """
         read = self._files.read
         mono = time.monotonic_ns()
-        current: dict[str, float] = {}
-        cpu_fields: dict[str, float] = {}
         stat = read(item.cpu_stat) if item.cpu_stat else None
         stat_kv = _kv(stat) if stat else {}
+        usage_ns: int | None = None
         if item.cpu_usage_v2:
             if stat is None:
                 return False
-            if b"usage_usec" in stat_kv:
-                current["usage_ns"] = stat_kv[b"usage_usec"] * 1000
-            current["throttled_ns"] = stat_kv.get(b"throttled_usec", 0) * 1000
+            usec = stat_kv.get(b"usage_usec")
+            if usec is not None:
+                usage_ns = usec * 1000
+            throttled_ns = stat_kv.get(b"throttled_usec", 0) * 1000
         else:
             usage = read(item.cpu_usage) if item.cpu_usage else None
             if item.cpu_usage and usage is None:
                 return False
             if usage:
-                current["usage_ns"] = int(usage)
-            current["throttled_ns"] = stat_kv.get(b"throttled_time", 0)
-        if b"nr_periods" in stat_kv:
-            current["periods"] = stat_kv[b"nr_periods"]
-            current["throttled"] = stat_kv.get(b"nr_throttled", 0)
-        psi = {}
+                usage_ns = int(usage)
+            throttled_ns = stat_kv.get(b"throttled_time", 0)
+        periods = stat_kv.get(b"nr_periods")
+        throttled = stat_kv.get(b"nr_throttled", 0) if periods is not None else None
+        current: dict[str, float] = {"throttled_ns": throttled_ns}
+        if usage_ns is not None:
+            current["usage_ns"] = usage_ns
+        if periods is not None:
+            current["periods"], current["throttled"] = periods, throttled
+        psi: list[tuple[str, dict[str, float]]] = []
         for res, path in item.psi.items():
             data = read(path)
             if data:
-                psi[res] = parse_psi(data)
-                for kind in ("some", "full"):
-                    total = psi[res].get(f"{kind}_total")
+                values = parse_psi(data)
+                psi.append((res, values))
+                for total_key, counter, _ in _PSI_COUNTERS[res]:
+                    total = values.get(total_key)
                     if total is not None:
-                        current[f"psi_{res}_{kind}"] = total
+                        current[counter] = total
 
         prev, elapsed = item.prev, (mono - item.prev_mono) / 1e9
-        if "usage_ns" in current:
-            cpu_fields["usage_seconds_total"] = current["usage_ns"] / 1e9
+        cpu_fields: dict[str, float] = {}
+        if usage_ns is not None:
+            cpu_fields["usage_seconds_total"] = usage_ns / 1e9
         if prev and elapsed > 0:
-            used = _delta(current, prev, "usage_ns")
-            if used is not None:
-                cpu_fields["usage_cores"] = used / 1e9 / elapsed
-            periods = _delta(current, prev, "periods")
-            throttled = _delta(current, prev, "throttled")
-            if periods is not None and throttled is not None:
-                cpu_fields["periods"] = periods
-                cpu_fields["throttled_periods"] = throttled
-                cpu_fields["throttled_ratio"] = throttled / periods if periods else 0.0
-            throttled_ns = _delta(current, prev, "throttled_ns")
-            if throttled_ns is not None and "periods" in current:
-                cpu_fields["throttled_seconds"] = throttled_ns / 1e9
-            for res, values in psi.items():
-                for kind in ("some", "full"):
-                    stalled = _delta(current, prev, f"psi_{res}_{kind}")
-                    if stalled is not None:
-                        values[f"{kind}_rate"] = stalled / 1e6 / elapsed * 100
+            # A counter absent before or lower than before (reset) gives no rate.
+            before = prev.get("usage_ns")
+            if usage_ns is not None and before is not None and usage_ns >= before:
+                cpu_fields["usage_cores"] = (usage_ns - before) / 1e9 / elapsed
+            if periods is not None:
+                periods_before, throttled_before = prev.get("periods"), prev.get("throttled")
+                if (periods_before is not None and throttled_before is not None
+                        and periods >= periods_before and throttled >= throttled_before):
+                    ran, held = periods - periods_before, throttled - throttled_before
+                    cpu_fields["periods"] = ran
+                    cpu_fields["throttled_periods"] = held
+                    cpu_fields["throttled_ratio"] = held / ran if ran else 0.0
+                before = prev.get("throttled_ns")
+                if before is not None and throttled_ns >= before:
+                    cpu_fields["throttled_seconds"] = (throttled_ns - before) / 1e9
+            for res, values in psi:
+                for _, counter, rate_key in _PSI_COUNTERS[res]:
+                    now_total, before = current.get(counter), prev.get(counter)
+                    if now_total is not None and before is not None and now_total >= before:
+                        values[rate_key] = (now_total - before) / 1e6 / elapsed * 100
         if item.limit_cores is not None:
             cpu_fields["limit_cores"] = item.limit_cores
         item.prev, item.prev_mono = current, mono
@@ -442,9 +463,9 @@ class CgroupCollector(CollectorBase):
             return False
         if mem_fields:
             out.append(Sample("container_memory", item.tags, mem_fields, now_ns))
-        for res, values in psi.items():
-            out.append(Sample("container_pressure", {**item.tags, "resource": res},
-                              values, now_ns))
+        psi_tags = item.psi_tags
+        for res, values in psi:
+            out.append(Sample("container_pressure", psi_tags[res], values, now_ns))
         return True
 
     def _memory(self, item: _Tracked) -> dict[str, float] | None:
@@ -512,13 +533,6 @@ class CgroupCollector(CollectorBase):
             details["root"] = str(self.layout.primary)
         return ComponentStatus("collector:cgroups", ok=not self._error, reason=self._error,
                                details=details)
-
-
-def _delta(current: dict[str, float], prev: dict[str, float], key: str) -> float | None:
-    """Increase of a counter since the last read; None when absent or reset (never negative)."""
-    if key in current and key in prev and current[key] >= prev[key]:
-        return current[key] - prev[key]
-    return None
 
 
 def _v1_cpu_limit(quota: bytes | None, period: bytes | None) -> float | None:

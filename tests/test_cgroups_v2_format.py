@@ -152,3 +152,37 @@ def test_psi_files_parse_the_same_whichever_way_they_take():
     assert parse_psi(two.split(b"\n")[0] + b"\n") == {
         k: v for k, v in want.items() if k.startswith("some")}
     assert parse_psi(b"") == {}
+
+
+def test_a_counter_that_went_back_gives_no_rate_and_psi_rates_are_exact(tmp_path):
+    """A recreated cgroup at the same path restarts its counters: a negative increase is no
+    rate, not a huge or negative one; a PSI rate is the stalled share of the elapsed time."""
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    _write_cgroup(tmp_path, "kubepods.slice", 1, 0, "max 100000")
+    _write_cgroup(tmp_path, POD, 4_000_000, 50)
+    collector = CgroupCollector(
+        "n", CgroupCollectorConfig(root=str(tmp_path), include=["kubepods.slice"]))
+    collector.collect(time.time_ns())
+    item = collector._tracked[POD]
+    _write_cgroup(tmp_path, POD, 1_000_000, 10)  # every counter lower than before
+    item.prev_mono -= 10**9  # as if the previous read was a second ago
+    samples = collector.collect(time.time_ns())
+    cpu = next(s for s in samples
+               if s.measurement == "container_cpu" and s.tags["cgroup"] == "/" + POD)
+    assert "usage_cores" not in cpu.fields and "throttled_periods" not in cpu.fields
+    assert "throttled_seconds" not in cpu.fields
+    assert cpu.fields["usage_seconds_total"] == 1.0
+    psi = next(s for s in samples if s.measurement == "container_pressure"
+               and s.tags["cgroup"] == "/" + POD and s.tags["resource"] == "cpu")
+    assert "some_rate" not in psi.fields
+    _write_cgroup(tmp_path, POD, 1_400_000, 10)  # cpu.pressure some total +100,000 us
+    item.prev_mono -= 10**9
+    samples = collector.collect(time.time_ns())
+    psi = next(s for s in samples if s.measurement == "container_pressure"
+               and s.tags["cgroup"] == "/" + POD and s.tags["resource"] == "cpu")
+    # 0.1 s stalled over ~1 s (plus the few ms the test took): ~10%
+    assert 9.0 < psi.fields["some_rate"] <= 10.0, psi.fields
+    assert psi.tags == {**cpu.tags, "resource": "cpu"}
+    memory = next(s for s in samples if s.measurement == "container_pressure"
+                  and s.tags["cgroup"] == "/" + POD and s.tags["resource"] == "memory")
+    assert memory.fields["some_rate"] == 0.0 and memory.tags["resource"] == "memory"
