@@ -313,3 +313,26 @@ def test_a_twin_short_of_a_column_is_mended_when_the_store_opens(tmp_path):
     assert frame["older_field"].dropna().tolist() == [4.0, 5.0]
     assert _counts(store, "node_load")[1] == 0  # folded
     store.close()
+
+
+def test_a_read_binds_each_series_once_for_both_tables(tmp_path):
+    """A read names its series once though it reads two tables, so the twin does not halve how
+    many series one read may name (SQLite's default limit is 32,766 parameters)."""
+    store = EmbeddedStore(tmp_path / "samples.db", retention_s=3600, max_size=1 << 30)
+    try:
+        store.write([Sample("container_cpu", {"cgroup": f"/c{i}"}, {"usage_cores": float(i)},
+                            T0 + k * S) for i in range(600) for k in range(2)])
+        store.maintain(T0 + 2 * S)  # folded; the next write waits: both tables hold rows
+        store.write([Sample("container_cpu", {"cgroup": f"/c{i}"}, {"usage_cores": float(i)},
+                            T0 + 2 * S) for i in range(600)])
+        store._reader.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 1000)
+        raw = store.read(WindowQuery("container_cpu", T0, T0 + 10 * S))
+        assert len(raw) == 1800
+        buckets = store.read(WindowQuery("container_cpu", T0, T0 + 10 * S, every_ns=10 * S,
+                                         agg="max"))
+        assert len(buckets) == 600 and buckets["usage_cores"].sum() == sum(range(600))
+        totals = store.read_totals(WindowQuery("container_cpu", T0, T0 + 10 * S,
+                                               fields=("usage_cores",)))
+        assert sorted(count for _, _, count in totals) == [3] * 600
+    finally:
+        store.close()

@@ -402,14 +402,16 @@ class EmbeddedStore:
             if not series or not present:
                 return [], series, present
             cols = [columns[f] for f in present]
+            bucketed = bool(query.every_ns and agg in _SQL_AGG)
             rows, params = _both_tables(catalog.tables[query.measurement], list(series),
-                                        query.start_ns, query.end_ns, cols)
-            if query.every_ns and agg in _SQL_AGG:
+                                        query.start_ns, query.end_ns, cols,
+                                        first=2 if bucketed else 1)
+            if bucketed:
                 fn = _SQL_AGG[agg]
                 select = ", ".join(f"{fn}({c})" for c in cols)
-                sql = (f"SELECT series_id, (ts / ?) * ? AS bucket, {select} FROM {rows} "
+                sql = (f"SELECT series_id, (ts / ?1) * ?1 AS bucket, {select} FROM {rows} "
                        "GROUP BY series_id, bucket")
-                params = [query.every_ns, query.every_ns, *params]
+                params = [query.every_ns, *params]
             else:
                 sql = f"SELECT series_id, ts, {', '.join(cols)} FROM {rows}"
             try:
@@ -588,14 +590,18 @@ class EmbeddedStore:
 
 
 def _both_tables(table: str, series: list[int], start_ns: int, end_ns: int,
-                 cols: list[str]) -> tuple[str, list]:
+                 cols: list[str], first: int = 1) -> tuple[str, list]:
     """A subquery of the window's rows from the indexed table and its twin of rows waiting to
     be folded, and its parameters: one statement, so one snapshot (a fold in between cannot
-    show a row twice or not at all)."""
-    where = f"series_id IN ({','.join('?' * len(series))}) AND ts >= ? AND ts < ?"
+    show a row twice or not at all). The parameters are numbered from `first` and each bound
+    once for both tables, so a read may name as many series as before the twin existed
+    (SQLITE_MAX_VARIABLE_NUMBER, 32,766 by default, less the window's two)."""
+    numbers = range(first, first + len(series) + 2)
+    where = (f"series_id IN ({','.join(f'?{i}' for i in numbers[:-2])}) "
+             f"AND ts >= ?{numbers[-2]} AND ts < ?{numbers[-1]}")
     select = f"SELECT series_id, ts, {', '.join(cols)} FROM"
     return (f"({select} {table} WHERE {where} UNION ALL {select} {table}{RECENT} WHERE {where})",
-            [*series, start_ns, end_ns] * 2)
+            [*series, start_ns, end_ns])
 
 
 def _bucket_in_pandas(raw: pd.DataFrame, every_ns: int, agg: str,
