@@ -336,3 +336,18 @@ def test_a_read_binds_each_series_once_for_both_tables(tmp_path):
         assert sorted(count for _, _, count in totals) == [3] * 600
     finally:
         store.close()
+
+
+def test_the_fold_is_due_by_the_store_clock(tmp_path):
+    """The fold waits fold_every_s on the store's clock, not on wall time: a benchmark writing
+    a simulated second per call folds as a 1 s agent would."""
+    now = [1000.0]
+    store = EmbeddedStore(tmp_path / "s.db", 3600, 1 << 30, fold_every_s=30,
+                          clock=lambda: now[0])
+    try:
+        for i in range(3):
+            now[0] += 10
+            store.write([Sample("node_load", {"node": "n"}, {"load1": 1.0}, T0 + i * S)])
+            assert _counts(store, "node_load") == ((3, 0) if i == 2 else (0, i + 1))
+    finally:
+        store.close()

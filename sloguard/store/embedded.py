@@ -28,7 +28,7 @@ import sqlite3
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -134,10 +134,14 @@ class EmbeddedStore:
     name = "embedded"
 
     def __init__(self, path: Path, retention_s: float, max_size: int,
-                 fold_every_s: float = FOLD_EVERY_S) -> None:
+                 fold_every_s: float = FOLD_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock` (seconds, monotonic) says when a fold is due: a benchmark that writes a
+        simulated second per call passes its own."""
         if fold_every_s < 0:
             raise ValueError("fold_every_s must be >= 0 (0: every write goes to the index)")
         self.fold_every_s = fold_every_s
+        self.clock = clock
         self.path = Path(path)
         self.retention_ns = int(retention_s * 1e9)
         self.max_size = max_size
@@ -154,7 +158,7 @@ class EmbeddedStore:
         self._catalog.load(self._writer)
         self._waiting: set[str] = set()  # measurements with rows in their _recent table
         self._waiting_rows = 0
-        self._folded_at = time.monotonic()
+        self._folded_at = self.clock()
         try:  # a store written before the twins existed gets them; rows left waiting by a
             # stopped (or killed) agent are folded now. Looked at first, so that opening a store
             # with nothing to do takes no write lock (a backtest opening the agent's store
@@ -262,7 +266,7 @@ class EmbeddedStore:
                 self._waiting = self._waiting | set(groups)
                 self._waiting_rows += rows
                 if (self._waiting_rows >= FOLD_ROWS
-                        or time.monotonic() - self._folded_at >= self.fold_every_s):
+                        or self.clock() - self._folded_at >= self.fold_every_s):
                     self._fold(conn)
             conn.execute("COMMIT")
         except BaseException as exc:
@@ -360,7 +364,7 @@ class EmbeddedStore:
                          "ORDER BY rowid")
             conn.execute(f"DELETE FROM {table}{RECENT}")
         self._waiting, self._waiting_rows = set(), 0
-        self._folded_at = time.monotonic()
+        self._folded_at = self.clock()
 
     def _column(self, conn: sqlite3.Connection, measurement: str, table: str, name: str) -> str:
         columns = self._catalog.columns[measurement]
