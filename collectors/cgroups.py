@@ -173,12 +173,15 @@ class _Tracked:
     psi_tags: dict[str, dict[str, str]] = field(default_factory=dict)  # with "resource"
     limit_cores: float | None = None
     limit_bytes: int | None = None
+    cpu_limit: tuple[str, ...] = ()  # cpu.max, or cfs_quota_us and cfs_period_us
+    mem_limit: str | None = None
+    complete: bool = False  # every file a cgroup of this host can have was found
     prev: dict[str, float] = field(default_factory=dict)
     prev_mono: int = 0
 
     def files(self) -> list[str | None]:
         return [self.cpu_usage, self.cpu_stat, self.mem_usage, self.mem_stat,
-                *self.psi.values()]
+                *self.psi.values(), *self.cpu_limit, self.mem_limit]
 
 
 class CgroupCollector(CollectorBase):
@@ -239,7 +242,7 @@ class CgroupCollector(CollectorBase):
             if self.layout is None:
                 return
         root = self.layout.primary
-        found: dict[str, Path] = {}
+        found: set[str] = set()
         for include in self.config.include:
             base = root / include.strip("/")
             if base.is_dir():
@@ -248,32 +251,62 @@ class CgroupCollector(CollectorBase):
             pattern = decl.path.strip("/")
             for match in root.glob(pattern):
                 if match.is_dir():
-                    found.setdefault(str(match.relative_to(root)), match)
+                    found.add(str(match.relative_to(root)))
         for rel, old in self._tracked.items():
             if rel not in found:
                 self._files.close(*old.files())
         tracked = {}
         for rel in sorted(found):
             old = self._tracked.get(rel)
-            item = self._track(rel)
-            if old is not None:
-                item.prev, item.prev_mono = old.prev, old.prev_mono
+            if old is not None and old.complete:
+                item = self._refresh(old)
+            else:
+                item = self._track(rel)
+                if old is not None:
+                    item.prev, item.prev_mono = old.prev, old.prev_mono
             tracked[rel] = item
         self._tracked = tracked
         self.discoveries += 1
         self._publish()
 
-    def _walk(self, root: Path, directory: Path, depth: int, found: dict[str, Path]) -> None:
-        found[str(directory.relative_to(root))] = directory
-        if depth >= self.config.max_depth:
-            return
+    def _walk(self, root: Path, directory: Path, depth: int, found: set[str]) -> None:
+        found.add(str(directory.relative_to(root)))
+        if depth < self.config.max_depth:
+            self._walk_below(str(directory), len(str(root).rstrip("/")) + 1, depth, found)
+
+    def _walk_below(self, directory: str, strip: int, depth: int, found: set[str]) -> None:
+        # Strings, not Path objects: a walk of 100 cgroups spent a third of its time in
+        # pathlib (cProfile of CgroupCollector.discover).
         try:
             entries = list(os.scandir(directory))
         except OSError:
             return
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):
-                self._walk(root, Path(entry.path), depth + 1, found)
+                found.add(entry.path[strip:])
+                if depth + 1 < self.config.max_depth:
+                    self._walk_below(entry.path, strip, depth + 1, found)
+
+    def _refresh(self, item: _Tracked) -> _Tracked:
+        """A cgroup tracked at the last discovery with all its files keeps them (and its
+        counters); what can change in place is read again: its tags (pod metadata arrives
+        late, a label changes) and its limits (a resize, a lever). Re-tracking each cgroup
+        from scratch cost 20 ms per discovery of 100 cgroups, most of it in stat calls
+        (benchmarks/agent_tick.py's "collect cgroups" includes it every `rediscover`)."""
+        item.tags = self._tags(item.path)
+        item.psi_tags = {res: {**item.tags, "resource": res} for res in item.psi}
+        self._read_limits(item)
+        return item
+
+    def _read_limits(self, item: _Tracked) -> None:
+        # Held open like the counters: opening them anew was most of a refresh (kernfs open
+        # ~15x a pread, _OpenFiles).
+        read = self._files.read
+        if item.cpu_usage_v2:
+            item.limit_cores = _v2_cpu_limit(read(item.cpu_limit[0]))
+        elif item.cpu_limit:
+            item.limit_cores = _v1_cpu_limit(*(read(f) for f in item.cpu_limit))
+        item.limit_bytes = _limit_bytes(read(item.mem_limit)) if item.mem_limit else None
 
     def _track(self, rel: str) -> _Tracked:
         # Paths as strings, not pathlib: every tracked cgroup is tracked anew at each
@@ -292,9 +325,9 @@ class CgroupCollector(CollectorBase):
                 rel, tags, f"{d}/cpu.stat", True, f"{d}/cpu.stat",
                 f"{d}/memory.current" if has_memory else None,
                 f"{d}/memory.stat" if has_memory else None, True,
+                cpu_limit=(f"{d}/cpu.max",), mem_limit=f"{d}/memory.max",
+                complete=has_memory,
             )
-            item.limit_cores = _v2_cpu_limit(_read(f"{d}/cpu.max"))
-            item.limit_bytes = _limit_bytes(_read(f"{d}/memory.max"))
         else:
             # A cgroup may exist in some v1 hierarchies only: read just those.
             cpuacct, cpu, memory = (
@@ -308,18 +341,22 @@ class CgroupCollector(CollectorBase):
                 f"{cpu}/cpu.stat" if cpu else None,
                 f"{memory}/memory.usage_in_bytes" if memory else None,
                 f"{memory}/memory.stat" if memory else None, False,
+                cpu_limit=(f"{cpu}/cpu.cfs_quota_us", f"{cpu}/cpu.cfs_period_us") if cpu
+                else (),
+                mem_limit=f"{memory}/memory.limit_in_bytes" if memory else None,
+                # caught while the runtime was still creating it in every hierarchy: not yet
+                complete=all((d is not None) or c not in layout.v1 for c, d in
+                             (("cpuacct", cpuacct), ("cpu", cpu), ("memory", memory))),
             )
-            if cpu:
-                item.limit_cores = _v1_cpu_limit(
-                    _read(f"{cpu}/cpu.cfs_quota_us"), _read(f"{cpu}/cpu.cfs_period_us"))
-            if memory:
-                item.limit_bytes = _limit_bytes(_read(f"{memory}/memory.limit_in_bytes"))
         if unified is not None:
             for res in PSI_RESOURCES:
                 path = f"{unified}/{res}.pressure"
                 if os.path.exists(path):
                     item.psi[res] = path
                     item.psi_tags[res] = {**tags, "resource": res}
+            if layout.mode != "v2":  # hybrid: the unified directory is made on its own
+                item.complete = item.complete and os.path.isdir(unified)
+        self._read_limits(item)
         return item
 
     def _tags(self, rel: str) -> dict[str, str]:

@@ -186,3 +186,43 @@ def test_a_counter_that_went_back_gives_no_rate_and_psi_rates_are_exact(tmp_path
     memory = next(s for s in samples if s.measurement == "container_pressure"
                   and s.tags["cgroup"] == "/" + POD and s.tags["resource"] == "memory")
     assert memory.fields["some_rate"] == 0.0 and memory.tags["resource"] == "memory"
+
+
+def test_rediscovery_keeps_counters_and_reads_what_can_change_in_place(tmp_path):
+    """A cgroup already tracked is not tracked anew at each discovery; its limits (a resize, a
+    lever) and its tags (pod metadata arriving late) are read again, and a cgroup first seen
+    without all its files gets them once they appear."""
+    from sloguard.core.pods import PodMeta
+
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    _write_cgroup(tmp_path, "kubepods.slice", 1, 0, "max 100000")
+    _write_cgroup(tmp_path, POD, 1_000_000, 10)
+    bare = tmp_path / "kubepods.slice" / "bare"
+    bare.mkdir()
+    (bare / "cpu.stat").write_text("usage_usec 5\n")
+    pods: dict[str, PodMeta] = {}
+    collector = CgroupCollector(
+        "n", CgroupCollectorConfig(root=str(tmp_path), include=["kubepods.slice"],
+                                   rediscover=3600), pod_lookup=pods.get)
+    collector.collect(time.time_ns())
+    item = collector._tracked[POD]
+    uid = "0b6f8c4e-7d3a-4c59-9a3e-2f1d8a6b5c4d"
+    pods[uid] = PodMeta("batch-1", "jobs", uid, qos_class="BestEffort")
+    _write_cgroup(tmp_path, POD, 1_500_000, 10, max_="200000 100000", mem="1073741824")
+    (bare / "memory.current").write_text("4096\n")
+    (bare / "memory.stat").write_text("inactive_file 0\n")
+    collector.discover()
+    assert collector._tracked[POD] is item  # kept, with its counters
+    samples = collector.collect(time.time_ns())
+    cpu = next(s for s in samples
+               if s.measurement == "container_cpu" and s.tags["cgroup"] == "/" + POD)
+    assert cpu.fields["limit_cores"] == 2.0 and "usage_cores" in cpu.fields
+    assert cpu.tags["pod"] == "batch-1" and cpu.tags["namespace"] == "jobs"
+    psi = next(s for s in samples
+               if s.measurement == "container_pressure" and s.tags["cgroup"] == "/" + POD)
+    assert psi.tags["pod"] == "batch-1"
+    memory = next(s for s in samples
+                  if s.measurement == "container_memory" and s.tags["cgroup"] == "/" + POD)
+    assert memory.fields["limit_bytes"] == 1073741824
+    assert any(s.measurement == "container_memory" and s.tags["cgroup"] == "/kubepods.slice/bare"
+               and s.fields["usage_bytes"] == 4096 for s in samples)
