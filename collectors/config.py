@@ -44,6 +44,10 @@ class CgroupCollectorConfig(Section):
     declare: list[CgroupDeclaration] = Field(default_factory=list)
     max_depth: int = Field(6, ge=1)
     rediscover: Duration = Field(10.0, description="how often the hierarchy is walked again")
+    memory_stat_every: Duration = Field(
+        5.0, ge=0, description="how often each cgroup's memory.stat is read (rss, cache, and the "
+        "inactive file cache the working set subtracts); usage is read every tick. 0: every "
+        "tick")
     class_label: str = "koordinator.sh/qosClass"
     trusted_namespaces: list[Annotated[str, Field(min_length=1, max_length=63)]] | None = Field(
         None, max_length=1000,

@@ -52,7 +52,8 @@ def test_v2_tree_is_read_with_rates_limits_and_psi(tmp_path):
     _write_cgroup(tmp_path, CONTAINER, 1_000_000, 10, mem="536870912")
     _write_cgroup(tmp_path, POD, 1_000_000, 10)
     collector = CgroupCollector(
-        "node-b", CgroupCollectorConfig(root=str(tmp_path), include=["kubepods.slice"])
+        "node-b", CgroupCollectorConfig(root=str(tmp_path), include=["kubepods.slice"],
+                                        memory_stat_every=0)
     )
     assert collector.layout.mode == "v2"
     collector.collect(time.time_ns())
@@ -226,3 +227,35 @@ def test_rediscovery_keeps_counters_and_reads_what_can_change_in_place(tmp_path)
     assert memory.fields["limit_bytes"] == 1073741824
     assert any(s.measurement == "container_memory" and s.tags["cgroup"] == "/kubepods.slice/bare"
                and s.fields["usage_bytes"] == 4096 for s in samples)
+
+
+def test_memory_stat_is_read_every_memory_stat_every_and_usage_every_tick(tmp_path):
+    """memory.stat (the kernel sums it over the subtree) is read every memory_stat_every; the
+    working set in between is the fresh usage less the last inactive file cache."""
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    _write_cgroup(tmp_path, "kubepods.slice", 1, 0, "max 100000")
+    _write_cgroup(tmp_path, POD, 1_000_000, 10)  # usage 100 MiB, inactive_file 30 MiB
+    collector = CgroupCollector(
+        "n", CgroupCollectorConfig(root=str(tmp_path), include=["kubepods.slice"],
+                                   memory_stat_every=5))
+
+    def memory():
+        return next(s for s in collector.collect(time.time_ns())
+                    if s.measurement == "container_memory" and s.tags["cgroup"] == "/" + POD)
+
+    first = memory()
+    assert first.fields["rss_bytes"] == 52428800
+    assert first.fields["working_set_bytes"] == 104857600 - 31457280
+    item = collector._tracked[POD]
+    assert 0 < item.mem_stat_due - time.monotonic_ns() <= 5 * 10**9  # its own phase
+    (tmp_path / POD / "memory.current").write_text("209715200\n")
+    (tmp_path / POD / "memory.stat").write_text("anon 1\nfile 2\ninactive_file 104857600\n")
+    between = memory()
+    assert between.fields["usage_bytes"] == 209715200  # fresh
+    assert between.fields["working_set_bytes"] == 209715200 - 31457280  # the last inactive
+    assert "rss_bytes" not in between.fields
+    item.mem_stat_due = time.monotonic_ns()  # due
+    due = memory()
+    assert due.fields["working_set_bytes"] == 209715200 - 104857600
+    assert due.fields["rss_bytes"] == 1 and due.fields["cache_bytes"] == 2
+    assert item.mem_stat_due - time.monotonic_ns() > 4 * 10**9  # a whole interval on
