@@ -1,17 +1,22 @@
 """The anomaly-channels detector: anomaly_likelihood on the value, its volatility and its window
 shape. Each derived channel finds what the value channel cannot (a series that starts to
-oscillate inside its band, a daily peak that comes late); bounded, deaf to missing data."""
+oscillate inside its band, a daily peak that comes late); bounded, deaf to missing data. And
+issue #25's targets for the default detector of `sloguard score nab`."""
 
 from __future__ import annotations
 
 import math
 import random
+import subprocess
+from pathlib import Path
 
 import pytest
+from conftest import need
 
 from sloguard.detector.registry import DetectorRegistry
 
 REGISTRY = DetectorRegistry()
+NAB = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "nab"
 
 
 def _feed(detector, values, start=0):
@@ -113,3 +118,23 @@ def test_bad_parameters_are_refused(params):
     with pytest.raises(ValueError):
         REGISTRY.make("anomaly_channels", params)
 
+
+
+def test_default_nab_detector_reaches_the_issue_25_targets(tmp_path, sloguard_bin):
+    """Issue #25: with no --detector, `sloguard score nab` scores >= 75 (standard profile) on
+    the shared NAB subset with one set of default parameters, and its event precision and
+    recall are above anomaly_likelihood's (0.67 and 0.78)."""
+    need(NAB.is_dir(), f"the NAB benchmark data is not at {NAB}")
+    result = subprocess.run(
+        [sloguard_bin, "score", "nab", "--data", str(NAB / "data"), "--windows",
+         str(NAB / "windows.json"), "--out", str(tmp_path)], capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "detector anomaly_channels" in result.stdout
+    rows = {line.split("|")[1].strip(): float(line.split("|")[2]) for line in
+            result.stdout.splitlines() if line.startswith("| ") and "profile" not in line}
+    assert rows["standard"] >= 75 and rows["reward_low_FP_rate"] >= 66, result.stdout
+    events = next(line for line in result.stdout.splitlines() if line.startswith("events"))
+    precision = float(events.split("precision ")[1].split(",")[0])
+    recall = float(events.split("recall ")[1].split(",")[0])
+    assert precision >= 0.70 and recall >= 0.80, events
