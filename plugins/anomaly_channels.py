@@ -43,9 +43,9 @@ import math
 from collections import deque
 from typing import Any
 
-from sloguard.detector.api import Verdict, hookimpl
-from sloguard.plugins.anomaly_likelihood import _PARAMS as _CHANNEL_PARAMS
-from sloguard.plugins.anomaly_likelihood import AnomalyLikelihood, _integer
+from sloguard.detector.api import Verdict, hookimpl, reject_unknown
+from sloguard.plugins.anomaly_likelihood import PARAMS as CHANNEL_PARAMS
+from sloguard.plugins.anomaly_likelihood import AnomalyLikelihood, whole_number
 
 _OWN = {"volatility_span", "segments", "segment", "prototypes", "vigilance", "learning_rate",
         "penalty"}
@@ -135,14 +135,12 @@ class AnomalyChannels:
     name = "anomaly_channels"
 
     def __init__(self, params: dict[str, Any]) -> None:
-        unknown = set(params) - _OWN - _CHANNEL_PARAMS
-        if unknown:
-            raise ValueError(f"{self.name}: unknown parameter(s) {', '.join(sorted(unknown))}")
+        reject_unknown(params, _OWN | CHANNEL_PARAMS, self.name)
         try:
-            span = _integer(params.get("volatility_span", 30))
-            segments = _integer(params.get("segments", 12))
-            segment = _integer(params.get("segment", 24))
-            prototypes = _integer(params.get("prototypes", 64))
+            span = whole_number(params.get("volatility_span", 30))
+            segments = whole_number(params.get("segments", 12))
+            segment = whole_number(params.get("segment", 24))
+            prototypes = whole_number(params.get("prototypes", 64))
             vigilance = float(params.get("vigilance", 0.05))
             learning_rate = float(params.get("learning_rate", 0.05))
             self.penalty = float(params.get("penalty", 0.3))
@@ -158,7 +156,7 @@ class AnomalyChannels:
         if not 0 <= self.penalty <= 1:
             raise ValueError("penalty must be in [0, 1]")
         channel = {**_CHANNEL_DEFAULTS,
-                   **{k: v for k, v in params.items() if k in _CHANNEL_PARAMS}}
+                   **{k: v for k, v in params.items() if k in CHANNEL_PARAMS}}
         self.value = AnomalyLikelihood(channel)  # validates the shared parameters
         self.threshold = self.value.threshold
         self.recover_threshold = self.value.recover_threshold

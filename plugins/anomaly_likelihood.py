@@ -63,7 +63,7 @@ from typing import Any
 
 from sloguard.detector.api import Verdict, hookimpl, reject_unknown
 
-_PARAMS = {"threshold", "recover_threshold", "direction", "warmup", "bins", "resolution",
+PARAMS = {"threshold", "recover_threshold", "direction", "warmup", "bins", "resolution",
            "radius", "rarity", "memory", "average", "fading_factor", "tolerance",
            "novelty_span", "independence"}
 _LOG_EPSILON = math.log(1e-10)  # score 1.0: a tail probability of 1e-10
@@ -76,17 +76,17 @@ class AnomalyLikelihood:
     name = "anomaly_likelihood"
 
     def __init__(self, params: dict[str, Any]) -> None:
-        reject_unknown(params, _PARAMS, self.name)
+        reject_unknown(params, PARAMS, self.name)
         try:
             self.threshold = float(params.get("threshold", 0.6))
             self.recover_threshold = float(params.get("recover_threshold", 0.3))
-            self.warmup = _integer(params.get("warmup", 150))
-            self.bins = _integer(params.get("bins", 50))
+            self.warmup = whole_number(params.get("warmup", 150))
+            self.bins = whole_number(params.get("bins", 50))
             self.resolution = float(params.get("resolution", 0.0))
-            self.radius = _integer(params.get("radius", 1))
+            self.radius = whole_number(params.get("radius", 1))
             self.rarity = float(params.get("rarity", 0.01))
-            self.memory = _integer(params.get("memory", 2000))
-            self.average = _integer(params.get("average", 10))
+            self.memory = whole_number(params.get("memory", 2000))
+            self.average = whole_number(params.get("average", 10))
             fading = float(params.get("fading_factor", 0.001))
             self.tolerance = float(params.get("tolerance", 0.05))
             self.novelty_span = float(params.get("novelty_span", 0.0))
@@ -257,7 +257,7 @@ def _log_score(tail: float) -> float:
     return math.log(tail + 1e-10) / _LOG_EPSILON
 
 
-def _integer(value: Any) -> int:
+def whole_number(value: Any) -> int:
     if isinstance(value, bool) or float(value) != int(float(value)):
         raise ValueError(f"{value!r} is not a whole number")
     return int(float(value))
