@@ -55,12 +55,16 @@ _USE_DECAY = 0.999  # per shape: a prototype unused for a few thousand shapes ca
 
 
 class Volatility:
-    """Mean absolute change over the last `span` values, in O(1) per value."""
+    """Mean absolute change over the last `span` values, in O(`span`) at worst per value: the
+    running sum is recomputed exactly when a change larger than what remains leaves the window
+    (a spike's rounding residue would otherwise outweigh the small changes after it), and once
+    per `span` values."""
 
     def __init__(self, span: int) -> None:
         self._changes: deque[float] = deque(maxlen=span)
         self._sum = 0.0
         self._previous: float | None = None
+        self._since_exact = 0
 
     def learn_one(self, value: float) -> float | None:
         """Learn a value; None for the first, which has no change yet."""
@@ -68,13 +72,17 @@ class Volatility:
         if previous is None:
             return None
         change = abs(value - previous)
+        leaving = 0.0
         if len(self._changes) == self._changes.maxlen:
-            self._sum -= self._changes[0]
+            leaving = self._changes[0]
+            self._sum -= leaving
         self._changes.append(change)
         self._sum += change
-        if len(self._changes) == self._changes.maxlen and self._changes.maxlen > 1 and (
-                not math.isfinite(self._sum) or self._sum < 0):  # rounding drift or overflow
+        self._since_exact += 1
+        if (leaving > self._sum or self._since_exact >= len(self._changes)
+                or not math.isfinite(self._sum)):
             self._sum = math.fsum(self._changes)
+            self._since_exact = 0
         return max(self._sum, 0.0) / len(self._changes)
 
 

@@ -82,6 +82,15 @@ def test_the_derived_channels_count_penalty_less():
     assert scores[0.3] == pytest.approx(scores[0.0] - 0.3)
 
 
+def test_volatility_forgets_a_spike_exactly():
+    from sloguard.plugins.anomaly_channels import Volatility
+
+    volatility = Volatility(3)
+    means = [volatility.learn_one(v) for v in [0.0, 1e12, 0.0, 0.001, 0.002, 0.003, 0.004]]
+    assert means[0] is None  # no change yet
+    assert means[1] == 1e12 and means[-2:] == [0.001, 0.001]  # no residue of the spike
+
+
 def test_nan_is_missing_data_never_fires_and_is_not_learnt():
     values = _slow_wave(1500) + [2.0 if i % 2 else 8.0 for i in range(100)]
     holes = []
