@@ -46,6 +46,25 @@ DETECTORS = {
         "tolerance": [0.05, 0.02, 0.1],
         "warmup": [150, 100, 200],
     }),
+    "anomaly_channels": ("anomaly_channels", {}, {
+        "bins": [50, 35, 70],
+        "radius": [1, 2],
+        "rarity": [0.01, 0.005, 0.02],
+        "memory": [2000, 1000, 5000],
+        "average": [10, 8, 12],
+        "fading_factor": [0.001, 0.0005, 0.002],
+        "tolerance": [0.05, 0.02, 0.1],
+        "warmup": [150, 100, 200],
+        "novelty_span": [2, 1, 4],
+        "independence": [0.3, 0.1, 1],
+        "volatility_span": [30, 20, 45],
+        "segments": [12, 8, 16],
+        "segment": [24, 18, 36],
+        "prototypes": [64, 32, 128],
+        "vigilance": [0.05, 0.03, 0.1],
+        "learning_rate": [0.05, 0.02, 0.1],
+        "penalty": [0.3, 0.2, 0.4],
+    }),
 }
 
 
@@ -115,11 +134,14 @@ def check(corpus: Corpus, label: str, draws: int) -> None:
             say(f"  [{label}] one at a time: {key}={value}")
             print(f"| `{key}` {value} | {row(corpus.evaluate(name, params))} |")
             configs.append(params)
-    standard, low_fp, low_fn = [], [], []
+    standard, low_fp, low_fn, precision, recall = [], [], [], [], []
     for i, draw in enumerate(neighbours(grid, draws), 1):
         params = {**base, **draw}
         say(f"  [{label}] neighbourhood {i}/{draws}")
-        figures = corpus.evaluate(name, params)["profiles"]
+        evaluated = corpus.evaluate(name, params)
+        figures = evaluated["profiles"]
+        precision.append(evaluated["events"].precision)
+        recall.append(evaluated["events"].recall)
         standard.append(figures["standard"].normalized)
         low_fp.append(figures["reward_low_FP_rate"].normalized)
         low_fn.append(figures["reward_low_FN_rate"].normalized)
@@ -129,7 +151,9 @@ def check(corpus: Corpus, label: str, draws: int) -> None:
         print(f"\nrandom neighbourhood ({draws} draws): standard median {median(standard):.1f} "
               f"(min {min(standard):.1f}, max {max(standard):.1f}), "
               f"{sum(s >= 65 for s in standard)} of {draws} at 65 or more; low FP median "
-              f"{median(low_fp):.1f}, low FN median {median(low_fn):.1f}")
+              f"{median(low_fp):.1f}, low FN median {median(low_fn):.1f}; event precision "
+              f"median {median(precision):.2f} (min {min(precision):.2f}), recall median "
+              f"{median(recall):.2f} (min {min(recall):.2f})")
     print(f"\nleave one category out ({len(configs)} configurations to choose from):\n")
     print("| held out | chosen on the others | held-out standard / low FP / low FN | "
           "held-out event P / R | whole corpus with it (standard) |\n|---|---|---|---|---|")

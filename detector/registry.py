@@ -27,6 +27,7 @@ BUILTIN_DETECTORS = {
     "page_hinkley": "sloguard.plugins.page_hinkley",
     "slo": "sloguard.plugins.slo",
     "anomaly_likelihood": "sloguard.plugins.anomaly_likelihood",
+    "anomaly_channels": "sloguard.plugins.anomaly_channels",
 }
 
 

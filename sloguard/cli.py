@@ -466,7 +466,7 @@ def lab(
 
 
 # The project's best general detector on NAB, with its own defaults (docs/plugins.md, "NAB").
-DEFAULT_NAB_DETECTOR = "anomaly_likelihood"
+DEFAULT_NAB_DETECTOR = "anomaly_channels"
 
 
 def _detector_spec(spec: str) -> tuple[str, dict[str, Any]]:

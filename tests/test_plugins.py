@@ -46,7 +46,7 @@ def test_builtins_are_registered_in_code():
     alone = DetectorRegistry(use_entry_points=False)
     assert set(alone.types) == set(registry.types) - {"baseline_ratio"}
     assert {"threshold", "ewma", "changepoint", "page_hinkley", "slo_latency", "burn_rate",
-            "anomaly_likelihood"} <= set(alone.types)
+            "anomaly_likelihood", "anomaly_channels"} <= set(alone.types)
 
 
 def test_installed_plugin_is_found_through_its_entry_point(installed_example):

@@ -1,0 +1,207 @@
+"""The anomaly-channels detector (a built-in plugin): anomaly_likelihood on the value, on its
+volatility and on the shape of its recent window, and the strongest of the three.
+
+One anomaly_likelihood sees where a series is. Some anomalies leave the values where they
+usually are and change how the series moves: a quiet metric that starts to oscillate inside
+its usual band, spikes of the usual height that come more often, a daily peak that does not
+come. Two derived channels see those, each judged by its own anomaly_likelihood (rarity in a
+forgetting histogram, then the likelihood of that much rarity), so each is compared with its
+own history:
+
+- volatility: the mean absolute change over the last `volatility_span` values;
+- shape: how far the last `segments` x `segment` values, as `segments` means scaled to the
+  value channel's recent range, are from the nearest of at most `prototypes` shapes learnt so
+  far (a fuzzy-ART-like memory, after ARTime, Hampton 2021: a window that matches a prototype
+  within `vigilance`, a mean absolute difference in range units, moves it by `learning_rate`;
+  one that does not becomes a new prototype, replacing the least used when the memory is full).
+  It is updated once per `segment` values, so its cost per value stays small.
+
+A derived channel counts `penalty` less than the value channel (its score minus `penalty`):
+it needs a rarer deviation to fire, which keeps the false alarms of two more channels down.
+The detector crosses when the strongest channel reaches `threshold` and recovers when all are
+under `recover_threshold`. NaN (and an infinity) is missing data, as for anomaly_likelihood;
+`direction` applies to the value channel. The state is bounded: three anomaly_likelihood
+states, `volatility_span` changes, `segments` + 1 partial means and `prototypes` x `segments`
+numbers.
+
+Parameters (rule `params`): every anomaly_likelihood parameter, for all three channels (with
+`novelty_span` 2 and `independence` 0.3 by default here), and:
+  volatility_span    values whose mean absolute change is the volatility (default 30)
+  segments           means in a shape (default 12)
+  segment            values per mean (default 24: a shape spans 288 values, a day of 5-minute
+                     samples)
+  prototypes         shapes remembered (default 64)
+  vigilance          mean absolute difference, in range units, within which a shape matches a
+                     prototype (default 0.05)
+  learning_rate      how far a matched prototype moves towards the shape (default 0.05)
+  penalty            what a derived channel's score counts less (default 0.3)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+from sloguard.detector.api import Verdict, hookimpl, reject_unknown
+from sloguard.plugins.anomaly_likelihood import PARAMS as CHANNEL_PARAMS
+from sloguard.plugins.anomaly_likelihood import AnomalyLikelihood, whole_number
+
+_OWN = {"volatility_span", "segments", "segment", "prototypes", "vigilance", "learning_rate",
+        "penalty"}
+_CHANNEL_DEFAULTS = {"novelty_span": 2.0, "independence": 0.3}
+_NO_NOVELTY = 1e12  # a range-novelty margin no distance reaches
+_USE_DECAY = 0.999  # per shape: a prototype unused for a few thousand shapes can be replaced
+
+
+class Volatility:
+    """Mean absolute change over the last `span` values, in O(`span`) at worst per value: the
+    running sum is recomputed exactly when a change larger than what remains leaves the window
+    (a spike's rounding residue would otherwise outweigh the small changes after it), and once
+    per `span` values."""
+
+    def __init__(self, span: int) -> None:
+        self._changes: deque[float] = deque(maxlen=span)
+        self._sum = 0.0
+        self._previous: float | None = None
+        self._since_exact = 0
+
+    def learn_one(self, value: float) -> float | None:
+        """Learn a value; None for the first, which has no change yet."""
+        previous, self._previous = self._previous, value
+        if previous is None:
+            return None
+        change = abs(value - previous)
+        leaving = 0.0
+        if len(self._changes) == self._changes.maxlen:
+            leaving = self._changes[0]
+            self._sum -= leaving
+        self._changes.append(change)
+        self._sum += change
+        self._since_exact += 1
+        if (leaving > self._sum or self._since_exact >= len(self._changes)
+                or not math.isfinite(self._sum)):
+            self._sum = math.fsum(self._changes)
+            self._since_exact = 0
+        return max(self._sum, 0.0) / len(self._changes)
+
+
+class WindowShape:
+    """Distance of the recent window's shape to the nearest learnt prototype: ART-like."""
+
+    def __init__(self, segments: int, segment: int, prototypes: int, vigilance: float,
+                 learning_rate: float) -> None:
+        import numpy as np
+
+        self._np = np
+        self.segment = segment
+        self.vigilance = vigilance
+        self.learning_rate = learning_rate
+        self.capacity = prototypes
+        self._partial = 0.0
+        self._count = 0
+        self._means: deque[float] = deque(maxlen=segments)
+        self._prototypes = np.empty((0, segments))
+        self._uses = np.empty(0)
+        self.distance: float | None = None  # of the last complete shape; None before one
+
+    def learn_one(self, value: float, low: float, high: float) -> float | None:
+        """Learn a value; `low`..`high` is the range a shape is scaled to (none yet: equal)."""
+        self._partial += value
+        self._count += 1
+        if self._count < self.segment:
+            return self.distance
+        self._means.append(self._partial / self._count)
+        self._partial, self._count = 0.0, 0
+        if len(self._means) < (self._means.maxlen or 0) or not high > low:
+            return self.distance
+        np = self._np
+        shape = (np.fromiter(self._means, float, len(self._means)) - low) / (high - low)
+        self._uses *= _USE_DECAY
+        if len(self._prototypes):
+            distances = np.abs(self._prototypes - shape).mean(axis=1)
+            best = int(distances.argmin())
+            self.distance = float(distances[best])
+        else:
+            best, self.distance = -1, math.inf
+        if self.distance <= self.vigilance:  # resonance: the prototype learns the shape
+            self._prototypes[best] += self.learning_rate * (shape - self._prototypes[best])
+            self._uses[best] += 1.0
+        elif len(self._prototypes) < self.capacity:
+            self._prototypes = np.vstack([self._prototypes, shape])
+            self._uses = np.append(self._uses, 1.0)
+        else:
+            replaced = int(self._uses.argmin())
+            self._prototypes[replaced] = shape
+            self._uses[replaced] = 1.0
+        if not math.isfinite(self.distance):
+            self.distance = None  # the first shape has nothing to be far from
+        return self.distance
+
+
+class AnomalyChannels:
+    name = "anomaly_channels"
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        reject_unknown(params, _OWN | CHANNEL_PARAMS, self.name)
+        try:
+            span = whole_number(params.get("volatility_span", 30))
+            segments = whole_number(params.get("segments", 12))
+            segment = whole_number(params.get("segment", 24))
+            prototypes = whole_number(params.get("prototypes", 64))
+            vigilance = float(params.get("vigilance", 0.05))
+            learning_rate = float(params.get("learning_rate", 0.05))
+            self.penalty = float(params.get("penalty", 0.3))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"{self.name} parameters must be numbers: {exc}") from exc
+        if span < 1 or segments < 2 or segment < 1 or prototypes < 1:
+            raise ValueError("need volatility_span >= 1, segments >= 2, segment >= 1 and "
+                             "prototypes >= 1")
+        if not (math.isfinite(vigilance) and vigilance >= 0):
+            raise ValueError("vigilance must be a finite number >= 0")
+        if not 0 < learning_rate <= 1:
+            raise ValueError("learning_rate must be in (0, 1]")
+        if not 0 <= self.penalty <= 1:
+            raise ValueError("penalty must be in [0, 1]")
+        channel = {**_CHANNEL_DEFAULTS,
+                   **{k: v for k, v in params.items() if k in CHANNEL_PARAMS}}
+        self.value = AnomalyLikelihood(channel)  # validates the shared parameters
+        self.threshold = self.value.threshold
+        self.recover_threshold = self.value.recover_threshold
+        derived = {**channel, "direction": "both"}
+        self.volatility = AnomalyLikelihood(derived)
+        # A shape's distance has no range to leave (rarity and likelihood only), and distances
+        # closer than half the vigilance are the same match: the histogram's finest bin.
+        self.shape = AnomalyLikelihood({**derived, "tolerance": _NO_NOVELTY,
+                                        "resolution": vigilance / 2, "direction": "up"})
+        self._volatility = Volatility(span)
+        self._shape = WindowShape(segments, segment, prototypes, vigilance, learning_rate)
+
+    def update(self, value: float, time_ns: int) -> Verdict:
+        verdict = self.value.update(value, time_ns)
+        if not math.isfinite(value):
+            return verdict
+        # (derived channel, level, score) of each channel with a value; derived ones count less
+        channels = [(None, self.value.level, verdict.score or 0.0)]
+        volatility = self._volatility.learn_one(value)
+        if volatility is not None:
+            wobble = self.volatility.update(volatility, time_ns)
+            channels.append(("volatility", self.volatility.level - self.penalty,
+                             (wobble.score or 0.0) - self.penalty))
+        distance = self._shape.learn_one(
+            value, *(self.value.recent_range() if self.value.warm else (0.0, 0.0)))
+        if distance is not None:
+            odd = self.shape.update(distance, time_ns)
+            channels.append(("window shape", self.shape.level - self.penalty,
+                             (odd.score or 0.0) - self.penalty))
+        derived, _, score = max(channels, key=lambda channel: channel[2])
+        note = verdict.note if derived is None else (
+            f"{derived} unusual (score {score + self.penalty:.2f} - {self.penalty:g})")
+        level = max(channel[1] for channel in channels)
+        return Verdict(level >= self.threshold, level < self.recover_threshold,
+                       verdict.threshold, note, score=max(0.0, score))
+
+
+@hookimpl
+def sloguard_detectors() -> list[type]:
+    return [AnomalyChannels]
