@@ -34,27 +34,22 @@ PROFILES = ("standard", "reward_low_FP_rate", "reward_low_FN_rate")
 
 # Each detector's defaults and, per tunable parameter, its neighbours (the first value of each
 # list is the default). A new default goes here beside the one it replaces, so that the two are
-# checked the same way in the same run.
+# checked the same way in the same run. anomaly_likelihood's own parameters are also
+# anomaly_channels', which passes them to each of its channels.
+LIKELIHOOD_NEIGHBOURS = {
+    "bins": [50, 35, 70],
+    "radius": [1, 2],
+    "rarity": [0.01, 0.005, 0.02],
+    "memory": [2000, 1000, 5000],
+    "average": [10, 8, 12],
+    "fading_factor": [0.001, 0.0005, 0.002],
+    "tolerance": [0.05, 0.02, 0.1],
+    "warmup": [150, 100, 200],
+}
 DETECTORS = {
-    "default": ("anomaly_likelihood", {}, {
-        "bins": [50, 35, 70],
-        "radius": [1, 2],
-        "rarity": [0.01, 0.005, 0.02],
-        "memory": [2000, 1000, 5000],
-        "average": [10, 8, 12],
-        "fading_factor": [0.001, 0.0005, 0.002],
-        "tolerance": [0.05, 0.02, 0.1],
-        "warmup": [150, 100, 200],
-    }),
+    "anomaly_likelihood": ("anomaly_likelihood", {}, LIKELIHOOD_NEIGHBOURS),
     "anomaly_channels": ("anomaly_channels", {}, {
-        "bins": [50, 35, 70],
-        "radius": [1, 2],
-        "rarity": [0.01, 0.005, 0.02],
-        "memory": [2000, 1000, 5000],
-        "average": [10, 8, 12],
-        "fading_factor": [0.001, 0.0005, 0.002],
-        "tolerance": [0.05, 0.02, 0.1],
-        "warmup": [150, 100, 200],
+        **LIKELIHOOD_NEIGHBOURS,
         "novelty_span": [2, 1, 4],
         "independence": [0.3, 0.1, 1],
         "volatility_span": [30, 20, 45],
