@@ -157,6 +157,11 @@ class AnomalyChannels:
         if span < 1 or segments < 2 or segment < 1 or prototypes < 1:
             raise ValueError("need volatility_span >= 1, segments >= 2, segment >= 1 and "
                              "prototypes >= 1")
+        # A rule's detector is kept per series: its state must stay small whatever it says
+        # (prototypes x segments numbers, volatility_span changes).
+        if span > 100_000 or segments > 1000 or segment > 100_000 or prototypes > 1000:
+            raise ValueError("need volatility_span <= 100000, segments <= 1000, segment <= "
+                             "100000 and prototypes <= 1000")
         if not (math.isfinite(vigilance) and vigilance >= 0):
             raise ValueError("vigilance must be a finite number >= 0")
         if not 0 < learning_rate <= 1:

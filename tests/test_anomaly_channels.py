@@ -122,6 +122,7 @@ def test_state_stays_bounded():
     {"prototypes": 0}, {"vigilance": -0.1}, {"vigilance": math.inf}, {"learning_rate": 0},
     {"learning_rate": 1.5}, {"penalty": -0.1}, {"penalty": 2}, {"segment": 2.5},
     {"threshold": 0}, {"novelty_span": -1}, {"independence": math.nan}, {"vigilance": "x"},
+    {"prototypes": 1001}, {"segments": 10**6}, {"segment": 10**9}, {"volatility_span": 10**7},
 ])
 def test_bad_parameters_are_refused(params):
     with pytest.raises(ValueError):
