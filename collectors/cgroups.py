@@ -297,7 +297,7 @@ class CgroupCollector(CollectorBase):
         from scratch cost 20 ms per discovery of 100 cgroups, most of it in stat calls
         (benchmarks/agent_tick.py's "collect cgroups" includes it every `rediscover`)."""
         item.tags = self._tags(item.path)
-        item.psi_tags = {res: {**item.tags, "resource": res} for res in item.psi}
+        item.psi_tags = _psi_tags(item.tags, item.psi)
         self._read_limits(item)
         return item
 
@@ -356,7 +356,7 @@ class CgroupCollector(CollectorBase):
                 path = f"{unified}/{res}.pressure"
                 if os.path.exists(path):
                     item.psi[res] = path
-                    item.psi_tags[res] = {**tags, "resource": res}
+            item.psi_tags = _psi_tags(tags, item.psi)
             if layout.mode != "v2":  # hybrid: the unified directory is made on its own
                 item.complete = item.complete and os.path.isdir(unified)
         self._read_limits(item)
@@ -586,6 +586,11 @@ class CgroupCollector(CollectorBase):
             details["root"] = str(self.layout.primary)
         return ComponentStatus("collector:cgroups", ok=not self._error, reason=self._error,
                                details=details)
+
+
+def _psi_tags(tags: dict[str, str], psi: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Each PSI sample's tags, made when the cgroup's tags are, not on every tick."""
+    return {res: {**tags, "resource": res} for res in psi}
 
 
 def _v1_cpu_limit(quota: bytes | None, period: bytes | None) -> float | None:
