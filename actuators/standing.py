@@ -111,7 +111,10 @@ class StandingLevers:
             # (a dry re-apply would record it as proposed and lose what undo needs)
             return
         seen = self._workloads_seen()
-        if seen is not None and row is not None and row.status in (DONE, PROPOSED) and \
+        # SKIPPED too: a node with no BE workload yet had its lever applied on every tick
+        # (the cgroup layout parsed twice each time, 1.1 of the idle agent's 6.3 ms a tick in
+        # benchmarks/agent_tick.py --cgroups 0); a BE workload that appears changes `seen`
+        if seen is not None and row is not None and row.status in (DONE, PROPOSED, SKIPPED) and \
                 row.dry_run == dry_run and not row.retry_ns and \
                 (checked := self._standing_checked.get(key)) is not None and \
                 checked[0] == seen and 0 <= now_ns - checked[1] < STANDING_CHECK_NS:
@@ -148,9 +151,8 @@ class StandingLevers:
         """What a standing lever's reach depends on: every workload's tags (a BE one that
         appears, an LS pod that lands in a BE cgroup; discovery's tags, stable between ticks).
         None when the inventory cannot be read: the lever is then checked in full."""
-        try:
-            return frozenset(tuple(sorted((str(k), str(v)) for k, v in w.items()))
-                             for w in self.inventory())
+        try:  # tags in the collector's order: another order is a full check, never a miss
+            return frozenset(tuple(w.items()) for w in self.inventory())
         except Exception:
             log.debug("the inventory could not be read for the standing levers", exc_info=True)
             return None

@@ -88,6 +88,34 @@ def test_a_standing_lever_is_in_force_without_an_incident_and_reaches_each_new_b
     assert node.idle()["napper"] == "1"
 
 
+def test_with_no_be_workload_it_is_checked_every_few_seconds_not_every_tick(node, monkeypatch):
+    """A node with no BE workload yet: the lever has nothing to hold (skipped), and each apply
+    parses the cgroup layout; it was re-applied on every tick. A BE workload that appears is
+    still reached within the tick that finds it."""
+    from sloguard.actuators.cpu_idle import CpuIdle
+
+    applied: list[int] = []
+    real_apply = CpuIdle.apply
+
+    def counted(self, ctx):
+        applied.append(1)
+        return real_apply(self, ctx)
+
+    monkeypatch.setattr(CpuIdle, "apply", counted)
+    be = [w for w in node.inventory if w["class"] == "BE"]
+    node.inventory[:] = [w for w in node.inventory if w["class"] != "BE"]
+    for second in range(5):
+        _quiet(node, second)
+    [row] = node.ledger.rungs()
+    assert row.status == "skipped" and len(applied) == 1
+    _quiet(node, 5)  # the periodic full check
+    assert len(applied) == 2
+    node.inventory.extend(be[:1])  # the collector finds a BE workload
+    _quiet(node, 6)
+    assert len(applied) == 3 and node.idle()["antagonist"] == "1"
+    assert node.ledger.rungs()[0].status == "done"
+
+
 def test_the_ladder_starts_from_it_and_never_lifts_it(node):
     _quiet(node, 0)
     node.tick(1)  # an episode: its cpu_idle rung is already in force: skipped, and its hold
