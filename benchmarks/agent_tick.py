@@ -7,8 +7,9 @@ runs its tick back to back on a simulated 1 s clock (each tick stamped one secon
 last, so every window holds what it would at a 1 s interval), timing each phase with this
 thread's CPU clock. The detector worker's CPU is in "evaluate" (its caller waits on it).
 
-Printed: CPU ms per tick by phase, and the tick against the yardstick of `agent_overhead.py`
-(a fixed pure-Python workload timed in the same run: machines here are noisy, compare ratios).
+Printed: CPU ms per tick by phase, the tick against the yardstick of `agent_overhead.py`
+(a fixed pure-Python workload timed in the same run: machines here are noisy, compare ratios),
+and a standing lever's full check (every 5 s on the real clock, so timed apart).
 
     sudo .venv/bin/python benchmarks/agent_tick.py [--cgroups 100] [--ticks 300]
 """
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from agent_overhead import BenchCgroups, _yardstick
 
+from sloguard.actuators.standing import STANDING_CHECK_NS
 from sloguard.agent import Agent
 from sloguard.settings import load_settings
 
@@ -95,6 +97,15 @@ def main() -> None:
             agent.tick(base + i * S)
             time.sleep(0.001)  # let the kernel's counters move between reads
         total = time.process_time() - start
+        # A standing lever is checked in full every STANDING_CHECK_NS (a reset value put
+        # back), not on every tick: on the real clock a few hundred simulated ticks hold one or
+        # two, so its cost is timed apart, each check forced.
+        checks = 20
+        started = time.process_time()
+        for _ in range(checks):
+            agent.ladder._standing_checked.clear()
+            agent.ladder._stand(time.monotonic_ns())
+        full_check = (time.process_time() - started) / checks
         yard = _yardstick()
         agent.stop()
     finally:
@@ -111,6 +122,9 @@ def main() -> None:
     print(f"| the rest of the tick | {rest:.2f} | {100 * rest / per_tick:.0f}% |")
     print(f"| **tick** | **{per_tick:.2f}** | |")
     print(f"\ntick / yardstick ({1000 * yard:.1f} ms): {per_tick / 1000 / yard:.3f}")
+    every = STANDING_CHECK_NS / 1e9
+    print(f"a standing lever's full check, every {every:g} s: {1000 * full_check:.2f} ms "
+          f"({1000 * full_check / every:.2f} ms a second)")
 
 
 if __name__ == "__main__":

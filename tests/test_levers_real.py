@@ -351,6 +351,21 @@ def test_a_vanished_cgroup_is_skipped_not_a_failure(real_cgroups, tmp_path):
     assert undo.status == DONE
 
 
+def test_a_lever_reads_a_file_whole_and_a_vanished_one_as_none(real_cgroups, tmp_path):
+    """read_value reads with os.read (a standing lever's full check reads every BE cgroup):
+    past a page it must read on to the end, and a cgroup gone reads as None, not an error."""
+    from sloguard.actuators.cgroupfs import read_value
+
+    for size in (4095, 4096, 65536, 200_001):
+        long = tmp_path / f"long-{size}"
+        long.write_text("x" * size + "\n")
+        assert read_value(long) == "x" * size
+    cpu = _dir(real_cgroups, "cpu", real_cgroups.create("be"))
+    assert read_value(cpu / "cpu.shares") == (cpu / "cpu.shares").read_text().strip()
+    assert read_value(cpu / "no-such-file") is None
+    assert read_value(cpu.parent / "pod-that-exited" / "cpu.shares") is None
+
+
 def test_apply_twice_keeps_the_original_for_undo(real_cgroups, tmp_path):
     be = real_cgroups.create("be")
     inventory = [workload(be, "BE")]
