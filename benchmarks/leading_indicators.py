@@ -149,6 +149,8 @@ class Row:
     episode_p10: float
     crossing_s: list[float | None]
     firing_s: list[float | None]
+    quiet_values: np.ndarray  # what the plot shows: the analysis's own samples
+    episode_values: np.ndarray
 
 
 def analyse(ways: list[Way]) -> list[Row]:
@@ -185,7 +187,7 @@ def analyse(ways: list[Way]) -> list[Row]:
                     float((q > threshold).sum() / max(quiet_s / 60, 1e-9)),
                     float(np.median(e)) if len(e) else float("nan"),
                     float(np.percentile(e, 10)) if len(e) else float("nan"),
-                    crossings, firings))
+                    crossings, firings, q, e))
     return rows
 
 
@@ -229,7 +231,7 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def plot(ways: list[Way], rows: list[Row], path: Path) -> None:
+def plot(rows: list[Row], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -243,18 +245,10 @@ def plot(ways: list[Way], rows: list[Row], path: Path) -> None:
         for j, scenario in enumerate(scenarios):
             ax = axes[i][j]
             data, labels = [], []
-            for kind in ("baseline", "unguarded", "guarded"):
-                quiet_v, episode_v = [], []
-                for w in ways:
-                    if w.scenario != scenario or w.way != kind or signal.name not in w.series:
-                        continue
-                    times, values = w.series[signal.name]
-                    quiet, episode = masks(w, times)
-                    quiet_v.append(values[quiet])
-                    episode_v.append(values[episode])
-                if quiet_v:
-                    data += [np.concatenate(quiet_v), np.concatenate(episode_v)]
-                    labels += [f"{kind}\nquiet", f"{kind}\nepisode"]
+            for r in rows:
+                if r.scenario == scenario and r.signal == signal.name:
+                    data += [r.quiet_values, r.episode_values]
+                    labels += [f"{r.way}\nquiet", f"{r.way}\nepisode"]
             ax.boxplot(data, whis=(1, 99), showfliers=True, flierprops={"markersize": 2})
             ax.set_xticks(range(1, len(labels) + 1), labels, fontsize=7)
             threshold = next(r.threshold for r in rows
@@ -282,9 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = analyse(ways)
     print(table(rows))
     if args.json:
-        args.json.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+        args.json.write_text(json.dumps(
+            [{k: v for k, v in r.__dict__.items() if not k.endswith("_values")} for r in rows],
+            indent=1))
     if args.plot:
-        plot(ways, rows, args.plot)
+        plot(rows, args.plot)
         print(f"plot: {args.plot}", file=sys.stderr)
     return 0
 
