@@ -56,6 +56,11 @@ class PerSeries:
         crossed = {s for s, v in judged.items() if v.crossed}
         return made, Judged(self.inputs, crossed, judged.__getitem__), failures
 
+    def without_series(self) -> tuple[dict, Judged, list[str]]:
+        """What `run` gives when no series has a value or an alert: no detector is made or
+        updated, so the engine need not hand it to the worker."""
+        return {}, Judged({}, set(), {}.__getitem__), []
+
     def keep(self, engine: Any, made: dict) -> None:
         mine = engine._detectors.setdefault(self.key, {})
         for s, detector in made.items():
@@ -148,6 +153,12 @@ class Batch:
             return bool((~recovered).any())  # NaN counts as recovered: only series with values
 
         return detector, Judged(self.inputs, hit, verdict, still_there), []
+
+    def without_series(self) -> tuple[Any, Judged, list[str]]:
+        """What `run` gives when no series has a value or an alert, without the detector's
+        call: every slot would get NaN, which the batch contract says neither learns nor
+        crosses (a batch not made yet is made when a series comes)."""
+        return self.slots.detector, Judged({}, set(), {}.__getitem__, lambda: None), []
 
     def keep(self, engine: Any, detector: Any) -> None:
         self.slots.detector = detector

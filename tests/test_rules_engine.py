@@ -296,6 +296,40 @@ def test_a_rule_that_hangs_for_good_leaves_one_stuck_worker_not_one_per_backoff(
     h.engine.close()
 
 
+@pytest.mark.parametrize("batches", [True, False])
+def test_a_rule_without_series_runs_no_detector_code(tmp_path, monkeypatch, batches):
+    """Most shipped rules have no series on a node without LS pods: their evaluation is not
+    handed to the detector worker (a round trip each), and nothing else changes: the rule is
+    evaluated, and fires and resolves as before once its series come and go."""
+    from sloguard.detector.worker import DetectorWorker
+
+    runs: list[int] = []
+    real_run = DetectorWorker.run
+
+    def counted(self, work, timeout_s):
+        runs.append(1)
+        return real_run(self, work, timeout_s)
+
+    monkeypatch.setattr(DetectorWorker, "run", counted)
+    h = _Harness(tmp_path, batches=batches)
+    for second in range(3):
+        h.at(second, None)
+    status = h.engine.status["ls/LSSlow"]
+    assert (runs, status.evaluations, status.error, status.series) == ([], 3, "", 0)
+    for second in range(3, 6):
+        h.at(second, 30.0)
+    assert [i.state for i in h.all()] == [FIRING] and len(runs) == 3
+    for second in range(6, 20):  # the series stops: its open alert is judged on NaN
+        h.at(second, None)
+    assert [i.state for i in h.all()] == [RESOLVED]
+    settled = len(runs)
+    h.at(20, None)  # nothing open, no series: back to no detector code
+    assert len(runs) == settled
+    h.at(21, 30.0)  # a value again: judged on the worker, and a new episode begins
+    assert len(runs) == settled + 1 and [i.state for i in h.all()] == [PENDING, RESOLVED]
+    h.engine.close()
+
+
 def test_backfill_from_the_store_continues_windows_after_restart(tmp_path):
     h = _Harness(tmp_path)
     for second in range(3):
