@@ -367,9 +367,11 @@ class AnomalyChannelsBatch:
             total = total + change
         since = self._since[later] + 1
         exact = (leaving > total) | (since >= filled) | ~np.isfinite(total)
-        for i in np.flatnonzero(exact).tolist():  # the slots whose sum is recomputed exactly
-            total[i] = math.fsum(self._changes[:, later[i]].tolist())
-            since[i] = 0
+        redone = np.flatnonzero(exact)  # the slots whose sum is recomputed exactly
+        if len(redone):
+            columns = self._changes[:, later[redone]].T.tolist()
+            total[redone] = [math.fsum(changes) for changes in columns]
+            since[redone] = 0
         self._sum[later], self._since[later] = total, since
         out[later] = np.maximum(total, 0.0) / filled
         return out
