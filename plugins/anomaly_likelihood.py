@@ -294,13 +294,14 @@ class AnomalyLikelihoodBatch:
     scores are summed in ring order rather than oldest first, and the total weight after a
     pruning in bin order rather than in the dict's order.
 
-    Memory: 8 x (4 x `bins` + 4 x `radius` + 3 + `average` + max(0, `warmup` - 4 x `bins` - 1))
-    + 114 bytes per slot (the warm-up values live in the bin row until the bin width is set):
-    1,850 bytes with the defaults, plus a dict of at most 4 x `bins` + 1 bins for a slot spread
-    too far for its row. Cost per tick: benchmarks/detector_throughput.py, which chose how it is
-    written: blocks of `_BLOCK` slots (whole-array temporaries cost page faults), slices rather
-    than gathers where a block's slots all have values, padding rather than bounds checks, the
-    bin read once for the share and the learning, pruning in blocks that stay in the cache.
+    Memory: 8 x (4 x `bins` + 4 x `radius` + 3 + `average`) + 114 bytes per slot, and 8 x
+    `warmup` more when the warm-up is longer than a row (else its values live in the bin row
+    until the bin width is set): 1,850 bytes with the defaults, plus a dict of at most
+    4 x `bins` + 1 bins for a slot spread too far for its row. Cost per tick:
+    benchmarks/detector_throughput.py, which chose how it is written: blocks of `_BLOCK` slots
+    (whole-array temporaries cost page faults), slices rather than gathers where a block's
+    slots all have values, padding rather than bounds checks, the bin read once for the share
+    and the learning, pruning in blocks that stay in the cache.
     """
 
     def __init__(self, params: dict[str, Any]) -> None:
