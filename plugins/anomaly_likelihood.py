@@ -452,17 +452,20 @@ class AnomalyLikelihoodBatch:
         self._learn(slots, keys, here)
         raw = np.maximum(0.0, 1.0 - share / self.rarity)
         ring = self._raws[every]
-        place = ring % self.average
-        if place.min() == place.max():  # the usual case: every slot at the same place
-            self._raw[int(place[0]), every] = raw
+        together = bool((ring == ring[0]).all())  # the usual case: every slot at the same place
+        if together:
+            self._raw[int(ring[0]) % self.average, every] = raw
         else:
-            self._raw[place, slots] = raw
+            self._raw[ring % self.average, slots] = raw
         self._raws[every] = ring = ring + 1
         kept = self._raw[:, every]
         total = kept[0].copy()
         for row in kept[1:]:
             total += row
-        recent = total / np.minimum(ring, self.average)
+        if together and ring[0] >= self.average:
+            recent = total / self.average
+        else:
+            recent = total / np.minimum(ring, self.average)
         before = self._judged[every]
         fresh = before == 0  # river's EWMean: the first value is the mean
         f = self._fading
@@ -547,9 +550,15 @@ class AnomalyLikelihoodBatch:
         from scipy.special import erfc  # scipy comes with river
 
         mean = np.maximum(mean, _MIN_MEAN)
-        std = np.sqrt(np.maximum(var, _MIN_VAR))
+        std = np.maximum(var, _MIN_VAR)
+        np.sqrt(std, out=std)
         if self._stdtr is None:
-            return 0.5 * erfc((recent - mean) / (std * math.sqrt(2)))
+            std *= math.sqrt(2)
+            tail = recent - mean
+            tail /= std
+            tail = erfc(tail, out=tail)
+            tail *= 0.5
+            return tail
         n = np.maximum(self.independence * np.minimum(count, self._horizon), 1.0)
         deviation = (recent - mean) / (std * np.sqrt(1 + 1 / n))
         return self._stdtr(np.maximum(n - 1.0, 1.0), -deviation)
@@ -814,7 +823,10 @@ def _log_scores(tail: Any) -> Any:
     """_log_score over an array."""
     import numpy as np
 
-    return np.log(tail + 1e-10) / _LOG_EPSILON
+    score = tail + 1e-10
+    np.log(score, out=score)
+    score /= _LOG_EPSILON
+    return score
 
 
 AnomalyLikelihood.batch = AnomalyLikelihoodBatch
