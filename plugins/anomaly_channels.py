@@ -43,9 +43,13 @@ import math
 from collections import deque
 from typing import Any
 
-from sloguard.detector.api import Verdict, hookimpl, reject_unknown
+from sloguard.detector.api import BatchVerdicts, Verdict, hookimpl, reject_unknown
 from sloguard.plugins.anomaly_likelihood import PARAMS as CHANNEL_PARAMS
-from sloguard.plugins.anomaly_likelihood import AnomalyLikelihood, whole_number
+from sloguard.plugins.anomaly_likelihood import (
+    AnomalyLikelihood,
+    AnomalyLikelihoodBatch,
+    whole_number,
+)
 
 _OWN = {"volatility_span", "segments", "segment", "prototypes", "vigilance", "learning_rate",
         "penalty"}
@@ -168,17 +172,13 @@ class AnomalyChannels:
             raise ValueError("learning_rate must be in (0, 1]")
         if not 0 <= self.penalty <= 1:
             raise ValueError("penalty must be in [0, 1]")
-        channel = {**_CHANNEL_DEFAULTS,
-                   **{k: v for k, v in params.items() if k in CHANNEL_PARAMS}}
-        self.value = AnomalyLikelihood(channel)  # validates the shared parameters
+        self.sizes = (span, segments, segment, prototypes, vigilance, learning_rate)
+        value, derived, shape = channel_params(params, vigilance)
+        self.value = AnomalyLikelihood(value)  # validates the shared parameters
         self.threshold = self.value.threshold
         self.recover_threshold = self.value.recover_threshold
-        derived = {**channel, "direction": "both"}
         self.volatility = AnomalyLikelihood(derived)
-        # A shape's distance has no range to leave (rarity and likelihood only), and distances
-        # closer than half the vigilance are the same match: the histogram's finest bin.
-        self.shape = AnomalyLikelihood({**derived, "tolerance": _NO_NOVELTY,
-                                        "resolution": vigilance / 2, "direction": "up"})
+        self.shape = AnomalyLikelihood(shape)
         self._volatility = Volatility(span)
         self._shape = WindowShape(segments, segment, prototypes, vigilance, learning_rate)
 
@@ -205,6 +205,229 @@ class AnomalyChannels:
         level = max(channel[1] for channel in channels)
         return Verdict(level >= self.threshold, level < self.recover_threshold,
                        verdict.threshold, note, score=max(0.0, score))
+
+
+def channel_params(params: dict[str, Any], vigilance: float) -> tuple[dict, dict, dict]:
+    """The anomaly_likelihood parameters of the value, volatility and shape channels."""
+    channel = {**_CHANNEL_DEFAULTS, **{k: v for k, v in params.items() if k in CHANNEL_PARAMS}}
+    derived = {**channel, "direction": "both"}
+    # A shape's distance has no range to leave (rarity and likelihood only), and distances
+    # closer than half the vigilance are the same match: the histogram's finest bin.
+    shape = {**derived, "tolerance": _NO_NOVELTY, "resolution": vigilance / 2, "direction": "up"}
+    return channel, derived, shape
+
+
+class AnomalyChannelsBatch:
+    """The `anomaly_channels` detector over many series at once (the engine's batch path): the
+    same verdicts, slot for slot, as one AnomalyChannels per series
+    (tests/test_anomaly_channels_batch.py runs both side by side).
+
+    Three AnomalyLikelihoodBatch, one per channel, fed the value, the volatility and the shape
+    distance (NaN where a channel has none yet). The volatility's running sum is kept per slot
+    with the same additions; its exact recomputation (math.fsum, once per `volatility_span`
+    values and when a large change leaves) runs over the slots concerned only, in Python. Only
+    slots at a segment boundary with a full window take the prototype step, in Python, with
+    the per-series detector's numpy operations on that slot's prototypes, which are made for a
+    slot when it has its first shape.
+
+    Memory per slot: three AnomalyLikelihoodBatch slots (3 x 1,850 bytes with the defaults),
+    8 x (`volatility_span` + `segments` + 9) bytes of volatility and window state (5,958 bytes
+    in all with the defaults), and, once a slot has shapes, its prototypes: at most
+    `prototypes` x (`segments` + 1) numbers (6,656 bytes with the defaults) and the Python
+    objects around them. Cost per tick: benchmarks/detector_throughput.py.
+    """
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        import numpy as np
+
+        probe = AnomalyChannels(params)  # the same parameters, validated the same way
+        (self.span, self.segments, self.segment, self.capacity, self.vigilance,
+         self.learning_rate) = probe.sizes
+        self.penalty = probe.penalty
+        self.threshold, self.recover_threshold = probe.threshold, probe.recover_threshold
+        value, derived, shape = channel_params(params, self.vigilance)
+        self.value = AnomalyLikelihoodBatch(value)
+        self.volatility = AnomalyLikelihoodBatch(derived)
+        self.shape = AnomalyLikelihoodBatch(shape)
+        self._size = 0
+        self._scalars = {  # per slot: name -> (dtype, value of a fresh slot)
+            "_previous": (float, math.nan), "_changed": (np.int64, 0), "_next": (np.int64, 0),
+            "_sum": (float, 0.0), "_since": (np.int64, 0), "_partial": (float, 0.0),
+            "_count": (np.int64, 0), "_means_seen": (np.int64, 0),
+            "_distance": (float, math.nan),
+        }
+        for name, (dtype, _) in self._scalars.items():
+            setattr(self, name, np.zeros(0, dtype=dtype))
+        self._changes = np.zeros((self.span, 0))  # ring of the last changes, a column per slot
+        self._means = np.zeros((self.segments, 0))  # ring of the last segment means
+        self._prototypes: dict[int, list[Any]] = {}  # slot -> [prototypes, uses]
+
+    def bytes_per_slot(self) -> float:
+        """Memory of the arrays per slot (the prototypes, made per slot, not counted)."""
+        own = [getattr(self, name) for name in self._scalars] + [self._changes, self._means]
+        return (sum(channel.bytes_per_slot() for channel in (self.value, self.volatility,
+                                                              self.shape))
+                + sum(a.nbytes for a in own) / max(self._size, 1))
+
+    def _grow(self, size: int) -> None:
+        import numpy as np
+
+        extra = size - self._size
+        if extra <= 0:
+            return
+        for name, (dtype, fresh) in self._scalars.items():
+            setattr(self, name, np.concatenate([getattr(self, name),
+                                                np.full(extra, fresh, dtype=dtype)]))
+        self._changes = np.concatenate([self._changes, np.zeros((self.span, extra))], axis=1)
+        self._means = np.concatenate([self._means, np.zeros((self.segments, extra))], axis=1)
+        self._size = size
+
+    def reset(self, slots: Any) -> None:
+        import numpy as np
+
+        slots = np.asarray(slots, dtype=np.int64)
+        if not len(slots):
+            return
+        self._grow(int(slots.max()) + 1)
+        for channel in (self.value, self.volatility, self.shape):
+            channel.reset(slots)
+        for name, (_, fresh) in self._scalars.items():
+            getattr(self, name)[slots] = fresh
+        self._changes[:, slots] = 0.0
+        self._means[:, slots] = 0.0
+        for slot in slots.tolist():
+            self._prototypes.pop(slot, None)
+
+    def update(self, values: Any, time_ns: int = 0) -> BatchVerdicts:
+        import numpy as np
+
+        x = np.asarray(values, dtype=float)
+        self._grow(len(x))
+        size = self._size
+        if len(x) < size:
+            x = np.concatenate([x, np.full(size - len(x), np.nan)])
+        valid = np.isfinite(x)
+        verdict = self.value.update(x, time_ns)
+        slots = np.flatnonzero(valid)
+        wobble = self.volatility.update(self._volatility_of(slots, x), time_ns)
+        has_wobble = np.zeros(size, dtype=bool)
+        has_wobble[slots] = self._changed[slots] > 0
+        value = self.value
+        warm = value._seen >= value.warmup
+        with np.errstate(invalid="ignore"):  # a slot still in warm-up has no range: inf x 0
+            low = np.where(warm, value._low * value._width, 0.0)
+            high = np.where(warm, (value._high + 1) * value._width, 0.0)
+        distance = self._distance_of(slots, x, low, high)
+        odd = self.shape.update(distance, time_ns)
+        has_shape = ~np.isnan(distance)
+
+        penalty = self.penalty
+        best = np.asarray(verdict.score, dtype=float)
+        chosen = np.zeros(size, dtype=np.int8)  # 0 the value, 1 volatility, 2 window shape
+        level = self.value.level.copy()
+        for which, (channel, result, has) in enumerate(
+                ((self.volatility, wobble, has_wobble), (self.shape, odd, has_shape)), 1):
+            marks = np.asarray(result.score, dtype=float) - penalty
+            higher = has & (marks > best)  # max() keeps the first of equal channels
+            best = np.where(higher, marks, best)
+            chosen[higher] = which
+            level = np.where(has, np.maximum(level, channel.level - penalty), level)
+        crossed = valid & (level >= self.threshold)
+        recovered = ~valid | (level < self.recover_threshold)
+        score = np.where(valid, np.maximum(0.0, best), 0.0)
+        names = (None, "volatility", "window shape")
+
+        def note(slot: int) -> str:
+            if not valid[slot] or chosen[slot] == 0:
+                return verdict.note(slot) if verdict.note else ""
+            return (f"{names[chosen[slot]]} unusual (score {best[slot] + penalty:.2f} - "
+                    f"{penalty:g})")
+
+        return BatchVerdicts(crossed, recovered, verdict.threshold, score, note)
+
+    def _volatility_of(self, slots: Any, x: Any) -> Any:
+        """Volatility.learn_one for the slots with a value; NaN where there is none yet."""
+        import numpy as np
+
+        out = np.full(self._size, np.nan)
+        previous = self._previous[slots]
+        self._previous[slots] = x[slots]
+        later = slots[~np.isnan(previous)]
+        if not len(later):
+            return out
+        change = np.abs(x[later] - previous[~np.isnan(previous)])
+        place = self._next[later]
+        filled = self._changed[later]
+        leaving = np.where(filled == self.span, self._changes[place, later], 0.0)
+        total = self._sum[later] - leaving
+        self._changes[place, later] = change
+        self._next[later] = (place + 1) % self.span
+        self._changed[later] = filled = np.minimum(filled + 1, self.span)
+        with np.errstate(invalid="ignore", over="ignore"):
+            total = total + change
+        since = self._since[later] + 1
+        exact = (leaving > total) | (since >= filled) | ~np.isfinite(total)
+        redone = np.flatnonzero(exact)  # the slots whose sum is recomputed exactly
+        if len(redone):
+            columns = self._changes[:, later[redone]].T.tolist()
+            total[redone] = [math.fsum(changes) for changes in columns]
+            since[redone] = 0
+        self._sum[later], self._since[later] = total, since
+        out[later] = np.maximum(total, 0.0) / filled
+        return out
+
+    def _distance_of(self, slots: Any, x: Any, low: Any, high: Any) -> Any:
+        """WindowShape.learn_one for the slots with a value; NaN where there is no distance."""
+        import numpy as np
+
+        self._partial[slots] += x[slots]
+        count = self._count[slots] + 1
+        self._count[slots] = count
+        ended = slots[count >= self.segment]
+        if len(ended):
+            seen = self._means_seen[ended]
+            self._means[seen % self.segments, ended] = self._partial[ended] / self._count[ended]
+            self._means_seen[ended] = seen = seen + 1
+            self._partial[ended], self._count[ended] = 0.0, 0
+            full = ended[(seen >= self.segments) & (high[ended] > low[ended])]
+            for slot in full.tolist():
+                self._distance[slot] = self._learn_shape(slot, low[slot], high[slot])
+        out = np.full(self._size, np.nan)
+        out[slots] = self._distance[slots]
+        return out
+
+    def _learn_shape(self, slot: int, low: float, high: float) -> float:
+        """WindowShape's prototype step for one slot: the same numpy operations."""
+        import numpy as np
+
+        start = int(self._means_seen[slot]) % self.segments  # the oldest mean
+        order = [(start + i) % self.segments for i in range(self.segments)]
+        means = self._means[order, slot].tolist()
+        shape = (np.fromiter(means, float, len(means)) - low) / (high - low)
+        kept = self._prototypes.setdefault(slot, [np.empty((0, self.segments)), np.empty(0)])
+        prototypes, uses = kept
+        uses *= _USE_DECAY
+        if len(prototypes):
+            distances = np.abs(prototypes - shape).mean(axis=1)
+            best = int(distances.argmin())
+            distance = float(distances[best])
+        else:
+            best, distance = -1, math.inf
+        if distance <= self.vigilance:  # resonance: the prototype learns the shape
+            prototypes[best] += self.learning_rate * (shape - prototypes[best])
+            uses[best] += 1.0
+        elif len(prototypes) < self.capacity:
+            kept[0] = np.vstack([prototypes, shape])
+            kept[1] = np.append(uses, 1.0)
+        else:
+            replaced = int(uses.argmin())
+            prototypes[replaced] = shape
+            uses[replaced] = 1.0
+        # the first shape has nothing to be far from: no distance (WindowShape's None)
+        return distance if math.isfinite(distance) else math.nan
+
+
+AnomalyChannels.batch = AnomalyChannelsBatch
 
 
 @hookimpl

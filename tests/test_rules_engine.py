@@ -931,6 +931,23 @@ groups:
             aggregate: last
             window: 2s
             params: {above: 1.5}
+      - alert: Rare
+        expr: lat{class="LS"}
+        field: p99
+        aggregate: last
+        window: 2s
+        detector: anomaly_likelihood
+        params: {warmup: 10, bins: 5, memory: 40, average: 3}
+        for: 0s
+      - alert: Shapes
+        expr: lat{class="LS"}
+        field: p99
+        aggregate: last
+        window: 2s
+        detector: anomaly_channels
+        params: {warmup: 10, bins: 5, memory: 40, volatility_span: 4, segments: 3, segment: 3,
+                 prototypes: 4, vigilance: 0.2}
+        for: 0s
 """
 
 
@@ -974,7 +991,7 @@ def test_batch_path_gives_the_incidents_of_the_per_series_path(tmp_path):
     batched = _replay(tmp_path / "a", batches=True)
     one_by_one = _replay(tmp_path / "b", batches=False)
     rules = {incident[0] for incident in batched}
-    assert rules == {"Spiky", "Unusual", "Blamed"}, rules  # the scenario exercises each rule
+    assert rules == {"Spiky", "Unusual", "Blamed", "Rare", "Shapes"}, rules  # each rule fires
     assert {FIRING, RESOLVED} <= {incident[2] for incident in batched}
     assert len(batched) == len(one_by_one)
     for mine, theirs in zip(batched, one_by_one, strict=True):
