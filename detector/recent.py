@@ -33,7 +33,7 @@ class Subscription:
         self.selector = selector
         self.field = field
         self.window_ns = window_ns
-        self.key = (str(selector), field, window_ns)
+        self.key = (selector, field, window_ns)  # selectors are frozen: compared as values
         self.series: dict[SeriesKey, deque[tuple[int, float]]] = {}
         self.match: dict[tuple, SeriesKey | None] = {}  # tag items as given -> key or no match
         self.unordered: set[SeriesKey] = set()  # series that got a point older than their last
@@ -122,11 +122,13 @@ class RecentWindows:
 
     def subscribe(self, selector: Selector, field: str, window_s: float) -> tuple[Subscription,
                                                                                   bool]:
-        """The subscription for these parameters, and whether it was just created (empty)."""
-        sub = Subscription(selector, field, int(window_s * 1e9))
-        existing = self._subs.get(sub.key)
+        """The subscription for these parameters, and whether it was just created (empty).
+        Looked up by value, without making one: each rule asks on every evaluation."""
+        window_ns = int(window_s * 1e9)
+        existing = self._subs.get((selector, field, window_ns))
         if existing is not None:
             return existing, False
+        sub = Subscription(selector, field, window_ns)
         self._subs[sub.key] = sub
         self._by_measurement.setdefault(selector.measurement, []).append(sub)
         return sub, True

@@ -184,8 +184,9 @@ class LoadedRule:
     source: str  # file:line
     interval: float | None = None  # the group's evaluation interval; None: every tick
 
-    @property
+    @cached_property
     def key(self) -> str:
+        """`group/alert`; kept, as the engine asks for it a few hundred times a tick."""
         return f"{self.group}/{self.spec.alert}"
 
 
