@@ -70,12 +70,13 @@ def read_value(path: Path) -> str | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            data = os.read(fd, 65536)
-            if len(data) >= 4096:  # under a page it came whole (the kernel's seq_file fills
-                chunks = [data]  # a read up to a page at least); a longer file, to its end
-                while chunk := os.read(fd, 65536):
-                    chunks.append(chunk)
-                data = b"".join(chunks)
+            # to the end, always: a list file (`tasks`, `cgroup.threads`) comes a line at a time
+            # and the kernel ends a read short of the line that would not fit its page, so a
+            # short read does not mean the end (900 threads read as 819 with one read)
+            chunks = []
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+            data = b"".join(chunks)
         finally:
             os.close(fd)
     except OSError as exc:

@@ -360,10 +360,25 @@ def test_a_lever_reads_a_file_whole_and_a_vanished_one_as_none(real_cgroups, tmp
         long = tmp_path / f"long-{size}"
         long.write_text("x" * size + "\n")
         assert read_value(long) == "x" * size
-    cpu = _dir(real_cgroups, "cpu", real_cgroups.create("be"))
+    be = real_cgroups.create("be")
+    cpu = _dir(real_cgroups, "cpu", be)
     assert read_value(cpu / "cpu.shares") == (cpu / "cpu.shares").read_text().strip()
     assert read_value(cpu / "no-such-file") is None
     assert read_value(cpu.parent / "pod-that-exited" / "cpu.shares") is None
+    # a list file the kernel gives a line at a time, each read ending short of a page (a JVM's
+    # threads: resctrl moves them by `tasks`); one read gave 819 of 901 threads
+    proc = real_cgroups.spawn(be, "import threading, time\n"
+                                  "for _ in range(900):\n"
+                                  "    threading.Thread(target=time.sleep, args=(60,),"
+                                  " daemon=True).start()\n"
+                                  "print('ready', flush=True)\ntime.sleep(60)\n")
+    deadline = time.monotonic() + 30
+    while len((cpu / "tasks").read_text().split()) < 901 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    listed = (cpu / "tasks").read_text().split()
+    assert len(listed) == 901 and len((cpu / "tasks").read_text()) > 4096
+    assert read_value(cpu / "tasks").split() == listed
+    proc.kill()
 
 
 def test_apply_twice_keeps_the_original_for_undo(real_cgroups, tmp_path):
