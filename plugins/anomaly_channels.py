@@ -85,7 +85,10 @@ class Volatility:
         self._since_exact += 1
         if (leaving > self._sum or self._since_exact >= len(self._changes)
                 or not math.isfinite(self._sum)):
-            self._sum = math.fsum(self._changes)
+            try:
+                self._sum = math.fsum(self._changes)
+            except OverflowError:  # finite changes past the float range: a 1e308 sentinel
+                self._sum = math.inf
             self._since_exact = 0
         return max(self._sum, 0.0) / len(self._changes)
 
@@ -120,7 +123,12 @@ class WindowShape:
         if len(self._means) < (self._means.maxlen or 0) or not high > low:
             return self.distance
         np = self._np
-        shape = (np.fromiter(self._means, float, len(self._means)) - low) / (high - low)
+        with np.errstate(over="ignore", invalid="ignore"):
+            shape = (np.fromiter(self._means, float, len(self._means)) - low) / (high - low)
+        if not np.isfinite(shape).all():
+            # values near the float limit (a 1e308 "unknown") overflowed a mean or the range:
+            # such a shape is not learnt, or a NaN prototype would be every later best match
+            return self.distance
         self._uses *= _USE_DECAY
         if len(self._prototypes):
             distances = np.abs(self._prototypes - shape).mean(axis=1)

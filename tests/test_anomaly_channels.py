@@ -91,6 +91,26 @@ def test_volatility_forgets_a_spike_exactly():
     assert means[1] == 1e12 and means[-2:] == [0.001, 0.001]  # no residue of the spike
 
 
+def test_a_value_at_the_float_limit_is_judged_not_raised():
+    """Some exporters say "unknown" with the largest float: two changes of 1e308 overflow an
+    exact sum (math.fsum raises), which failed the series' evaluation each time."""
+    values = _slow_wave(1200)
+    for i in range(100, 400, 15):  # a stretch of "unknowns", then the series as before
+        values[i] = 1e308
+    import warnings
+
+    import numpy as np
+
+    detector = REGISTRY.make("anomaly_channels", {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no overflow in the arithmetic either
+        verdicts = _feed(detector, values)
+    assert len(verdicts) == len(values)
+    assert all(v.score is not None and math.isfinite(v.score) for v in verdicts)
+    # an overflowed window shape is not learnt: a NaN prototype would be every later match
+    assert len(detector._shape._prototypes) and np.isfinite(detector._shape._prototypes).all()
+
+
 def test_nan_is_missing_data_never_fires_and_is_not_learnt():
     values = _slow_wave(1500) + [2.0 if i % 2 else 8.0 for i in range(100)]
     holes = []
