@@ -227,15 +227,19 @@ class AnomalyChannelsBatch:
     distance (NaN where a channel has none yet). The volatility's running sum is kept per slot
     with the same additions; its exact recomputation (math.fsum, once per `volatility_span`
     values and when a large change leaves) runs over the slots concerned only, in Python. Only
-    slots at a segment boundary with a full window take the prototype step, in Python, with
-    the per-series detector's numpy operations on that slot's prototypes, which are made for a
-    slot when it has its first shape.
+    slots at a segment boundary with a full window take the prototype step, vectorised over
+    them (all of a rule's slots at once when its series started together) with the per-series
+    detector's numpy operations element for element.
 
     Memory per slot: three AnomalyLikelihoodBatch slots (3 x 1,850 bytes with the defaults),
     8 x (`volatility_span` + `segments` + 9) bytes of volatility and window state (5,958 bytes
-    in all with the defaults), and, once a slot has shapes, its prototypes: at most
-    `prototypes` x (`segments` + 1) numbers (6,656 bytes with the defaults) and the Python
-    objects around them. Cost per tick: benchmarks/detector_throughput.py.
+    in all with the defaults: bytes_per_slot), and the prototype memory (prototype_bytes): 8
+    bytes per slot for its row in the store, and, for a slot once it has had a shape, a row of
+    room for as many prototypes as the fullest row has needed (doubled when short, at most
+    `prototypes`) x (`segments` + 1) numbers, plus its count: at most 64 x 13 x 8 + 8 = 6,664
+    bytes with the defaults, what one WindowShape may hold. The store grows by a quarter of its
+    rows at least (rows free for later slots), and the rows of reset slots are given again.
+    Cost per tick: benchmarks/detector_throughput.py.
     """
 
     def __init__(self, params: dict[str, Any]) -> None:
