@@ -477,8 +477,9 @@ class AnomalyChannelsBatch:
             means = self._means[(start[:, None] + steps) % segments, slot[:, None]]
             shape = (means - low[slot, None]) / (high[slot] - low[slot])[:, None]
             uses = self._store_uses[row] * _USE_DECAY
-            distances = np.abs(self._store[row] - shape[:, None, :]).mean(axis=2)
-            distances[np.arange(held) >= count[:, None]] = math.inf  # no prototype there
+            width = max(1, int(count.max()))  # the block's prototypes, no further
+            distances = np.abs(self._store[row, :width] - shape[:, None, :]).mean(axis=2)
+            distances[np.arange(width) >= count[:, None]] = math.inf  # no prototype there
             best = distances.argmin(axis=1)  # the first of equal distances, as per series
             here = np.arange(len(slot))
             distance = distances[here, best]  # inf for a slot without prototypes yet
