@@ -122,3 +122,20 @@ def test_registered_as_the_batch_form():
     assert REGISTRY.batch_type("anomaly_channels") is AnomalyChannelsBatch
     with pytest.raises(ValueError):
         REGISTRY.make_batch("anomaly_channels", {"segments": 1})
+
+
+def test_the_prototype_memory_of_reset_slots_is_given_again():
+    params = PARAMS[0]  # a shape every 4 values from the 12th
+    data = _series(np.random.default_rng(25))
+    batch = AnomalyChannelsBatch(params)
+    for row in data[:100]:
+        batch.update(row, 0)
+    rows, held = batch._store.shape[:2]
+    before = batch.prototype_bytes()
+    assert held <= 3 and len(batch._prototypes) > 5
+    for _ in range(3):  # every series replaced by a new one, three times
+        batch.reset(np.arange(data.shape[1]))
+        assert not batch._prototypes
+        for row in data[100:200]:
+            batch.update(row, 0)
+    assert batch._store.shape[:2] == (rows, held) and batch.prototype_bytes() == before
