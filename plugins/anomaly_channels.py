@@ -59,6 +59,15 @@ _USE_DECAY = 0.999  # per shape: a prototype unused for a few thousand shapes ca
 _BLOCK_NUMBERS = 1 << 20  # prototype numbers a block of the batch's prototype step handles
 
 
+def exact_sum(values: Any) -> float:
+    """math.fsum, but inf where finite values add up past the float range (a 1e308
+    "unknown" twice), as the running sum gives, instead of OverflowError."""
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return math.inf
+
+
 class Volatility:
     """Mean absolute change over the last `span` values, in O(`span`) at worst per value: the
     running sum is recomputed exactly when a change larger than what remains leaves the window
@@ -86,10 +95,7 @@ class Volatility:
         self._since_exact += 1
         if (leaving > self._sum or self._since_exact >= len(self._changes)
                 or not math.isfinite(self._sum)):
-            try:
-                self._sum = math.fsum(self._changes)
-            except OverflowError:  # finite changes past the float range: a 1e308 sentinel
-                self._sum = math.inf
+            self._sum = exact_sum(self._changes)
             self._since_exact = 0
         return max(self._sum, 0.0) / len(self._changes)
 
@@ -329,6 +335,14 @@ class AnomalyChannelsBatch:
     def update(self, values: Any, time_ns: int = 0) -> BatchVerdicts:
         import numpy as np
 
+        # values near the float limit overflow to inf here as the per-series detector's
+        # Python floats do, silently: numpy's warnings would only be noise in the agent's log
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self._update(values, time_ns)
+
+    def _update(self, values: Any, time_ns: int) -> BatchVerdicts:
+        import numpy as np
+
         x = np.asarray(values, dtype=float)
         self._grow(len(x))
         size = self._size
@@ -398,7 +412,7 @@ class AnomalyChannelsBatch:
         redone = np.flatnonzero(exact)  # the slots whose sum is recomputed exactly
         if len(redone):
             columns = self._changes[:, later[redone]].T.tolist()
-            total[redone] = [math.fsum(changes) for changes in columns]
+            total[redone] = [exact_sum(changes) for changes in columns]
             since[redone] = 0
         self._sum[later], self._since[later] = total, since
         out[later] = np.maximum(total, 0.0) / filled
@@ -483,7 +497,13 @@ class AnomalyChannelsBatch:
             count = counts[first:first + block]
             start = self._means_seen[slot] % segments  # the oldest mean
             means = self._means[(start[:, None] + steps) % segments, slot[:, None]]
-            shape = (means - low[slot, None]) / (high[slot] - low[slot])[:, None]
+            with np.errstate(over="ignore", invalid="ignore"):
+                shape = (means - low[slot, None]) / (high[slot] - low[slot])[:, None]
+            finite = np.isfinite(shape).all(axis=1)
+            if not finite.all():  # overflowed near the float limit: not learnt (WindowShape)
+                slot, row, count, shape = slot[finite], row[finite], count[finite], shape[finite]
+                if not len(slot):
+                    continue
             uses = self._store_uses[row] * _USE_DECAY
             width = max(1, int(count.max()))  # the block's prototypes, no further
             distances = np.abs(self._store[row, :width] - shape[:, None, :]).mean(axis=2)

@@ -396,6 +396,14 @@ class AnomalyLikelihoodBatch:
     def update(self, values: Any, time_ns: int = 0) -> BatchVerdicts:
         import numpy as np
 
+        # values near the float limit overflow to inf here as the per-series detector's
+        # Python floats do, silently: numpy's warnings would only be noise in the agent's log
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self._update(values, time_ns)
+
+    def _update(self, values: Any, time_ns: int) -> BatchVerdicts:
+        import numpy as np
+
         x = np.asarray(values, dtype=float)
         self._grow(len(x))
         size = self._size

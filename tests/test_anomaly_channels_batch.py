@@ -41,6 +41,9 @@ def _series(rng: np.random.Generator) -> np.ndarray:
     tiny = 1 + rng.normal(0, 1e-6, STEPS)
     tiny[[400, 401, 700]] = 1e12  # its rounding residue would outweigh the tiny changes after it
     columns.append(tiny)
+    unknown = 20 + rng.normal(0, 1, STEPS)
+    unknown[300:480:7] = 1e308  # an exporter's "unknown": two overflow a mean and the exact sum
+    columns.append(unknown)
     return np.stack(columns, axis=1)
 
 
@@ -55,6 +58,7 @@ PARAMS = [
 
 
 @pytest.mark.parametrize("params", PARAMS)
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # the per-series floats overflow silently
 def test_batch_gives_the_verdicts_of_one_detector_per_series(params):
     data = _series(np.random.default_rng(25))
     width = data.shape[1]

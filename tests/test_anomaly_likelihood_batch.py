@@ -62,6 +62,7 @@ PARAMS = [
 
 @pytest.mark.parametrize("params", PARAMS)
 @pytest.mark.parametrize("block", [7, None])  # several blocks, some with gaps, or one
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # the per-series floats overflow silently
 def test_batch_gives_the_verdicts_of_one_detector_per_series(params, block, monkeypatch):
     if block:
         monkeypatch.setattr(anomaly_likelihood, "_BLOCK", block)
