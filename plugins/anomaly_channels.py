@@ -48,6 +48,7 @@ from sloguard.plugins.anomaly_likelihood import PARAMS as CHANNEL_PARAMS
 from sloguard.plugins.anomaly_likelihood import (
     AnomalyLikelihood,
     AnomalyLikelihoodBatch,
+    SlotArrays,
     whole_number,
 )
 
@@ -232,7 +233,7 @@ def channel_params(params: dict[str, Any], vigilance: float) -> tuple[dict, dict
     return channel, derived, shape
 
 
-class AnomalyChannelsBatch:
+class AnomalyChannelsBatch(SlotArrays):
     """The `anomaly_channels` detector over many series at once (the engine's batch path): the
     same verdicts, slot for slot, as one AnomalyChannels per series
     (tests/test_anomaly_channels_batch.py runs both side by side).
@@ -306,9 +307,7 @@ class AnomalyChannelsBatch:
         extra = size - self._size
         if extra <= 0:
             return
-        for name, (dtype, fresh) in self._scalars.items():
-            setattr(self, name, np.concatenate([getattr(self, name),
-                                                np.full(extra, fresh, dtype=dtype)]))
+        self._grow_scalars(extra)
         self._changes = np.concatenate([self._changes, np.zeros((self.span, extra))], axis=1)
         self._means = np.concatenate([self._means, np.zeros((self.segments, extra))], axis=1)
         self._row = np.concatenate([self._row, np.full(extra, -1, dtype=np.int64)])
@@ -331,14 +330,6 @@ class AnomalyChannelsBatch:
         freed = self._row[slots]
         self._free.extend(freed[freed >= 0].tolist())
         self._row[slots] = -1
-
-    def update(self, values: Any, time_ns: int = 0) -> BatchVerdicts:
-        import numpy as np
-
-        # values near the float limit overflow to inf here as the per-series detector's
-        # Python floats do, silently: numpy's warnings would only be noise in the agent's log
-        with np.errstate(over="ignore", invalid="ignore"):
-            return self._update(values, time_ns)
 
     def _update(self, values: Any, time_ns: int) -> BatchVerdicts:
         import numpy as np

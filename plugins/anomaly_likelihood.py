@@ -274,7 +274,32 @@ def sloguard_detectors() -> list[type]:
     return [AnomalyLikelihood]
 
 
-class AnomalyLikelihoodBatch:
+class SlotArrays:
+    """What the anomaly batches share: per-slot arrays named in `_scalars` (name -> (dtype, a
+    fresh slot's value)), grown together, and an update whose arithmetic overflows silently."""
+
+    _scalars: dict[str, tuple[Any, Any]]
+
+    def _grow_scalars(self, extra: int) -> None:
+        import numpy as np
+
+        for name, (dtype, fresh) in self._scalars.items():
+            setattr(self, name, np.concatenate([getattr(self, name),
+                                                np.full(extra, fresh, dtype=dtype)]))
+
+    def update(self, values: Any, time_ns: int = 0) -> BatchVerdicts:
+        import numpy as np
+
+        # values near the float limit overflow to inf here as the per-series detector's
+        # Python floats do, silently: numpy's warnings would only be noise in the agent's log
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self._update(values, time_ns)
+
+    def _update(self, values: Any, time_ns: int) -> BatchVerdicts:
+        raise NotImplementedError
+
+
+class AnomalyLikelihoodBatch(SlotArrays):
     """The `anomaly_likelihood` detector over many series at once, on numpy arrays (the
     engine's batch path): the same verdicts, slot for slot, as one AnomalyLikelihood per series
     (tests/test_anomaly_likelihood_batch.py runs both side by side).
@@ -361,9 +386,7 @@ class AnomalyLikelihoodBatch:
         extra = size - self._size
         if extra <= 0:
             return
-        for name, (dtype, fresh) in self._scalars.items():
-            setattr(self, name, np.concatenate([getattr(self, name),
-                                                np.full(extra, fresh, dtype=dtype)]))
+        self._grow_scalars(extra)
         self._store = np.concatenate([self._store, np.zeros((extra, self._stride))])
         if self._own_first:
             self._first = np.concatenate([self._first, np.zeros((extra, self.warmup))])
@@ -392,14 +415,6 @@ class AnomalyLikelihoodBatch:
         if len(slots) and int(slots[-1]) - int(slots[0]) + 1 == len(slots):
             return slice(int(slots[0]), int(slots[-1]) + 1)
         return slots
-
-    def update(self, values: Any, time_ns: int = 0) -> BatchVerdicts:
-        import numpy as np
-
-        # values near the float limit overflow to inf here as the per-series detector's
-        # Python floats do, silently: numpy's warnings would only be noise in the agent's log
-        with np.errstate(over="ignore", invalid="ignore"):
-            return self._update(values, time_ns)
 
     def _update(self, values: Any, time_ns: int) -> BatchVerdicts:
         import numpy as np

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from support.batch_verdicts import assert_same_verdict
 
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.plugins.anomaly_channels import AnomalyChannels, AnomalyChannelsBatch
@@ -77,14 +78,7 @@ def test_batch_gives_the_verdicts_of_one_detector_per_series(params):
         for i in range(size):
             verdict = scalars[i].update(float(data[step, i]), step)
             where = (params, step, i)
-            assert (bool(out.crossed[i]), bool(out.recovered[i])) == (
-                verdict.crossed, verdict.recovered), where
-            assert out.score[i] == pytest.approx(verdict.score, abs=1e-9), where
-            if verdict.threshold is None:
-                assert math.isnan(out.threshold[i]), where
-            else:
-                assert out.threshold[i] == pytest.approx(verdict.threshold, rel=1e-12), where
-            assert out.note(i) == verdict.note, where
+            assert_same_verdict(out, i, verdict, where)
             mine = scalars[i]
             if mine._volatility._previous is not None:  # the same volatility, bit for bit
                 assert batch._sum[i] == mine._volatility._sum, where

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pytest
+from support.batch_verdicts import assert_same_verdict
 
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.plugins import anomaly_likelihood
@@ -85,14 +86,7 @@ def test_batch_gives_the_verdicts_of_one_detector_per_series(params, block, monk
         for i in range(size):
             verdict = scalars[i].update(float(data[step, i]), step)
             where = (params, step, i)
-            assert (bool(out.crossed[i]), bool(out.recovered[i])) == (
-                verdict.crossed, verdict.recovered), where
-            assert out.score[i] == pytest.approx(verdict.score, abs=1e-9), where
-            if verdict.threshold is None:
-                assert math.isnan(out.threshold[i]), where
-            else:
-                assert out.threshold[i] == pytest.approx(verdict.threshold, rel=1e-12), where
-            assert out.note(i) == verdict.note, where
+            assert_same_verdict(out, i, verdict, where)
             assert batch.level[i] == pytest.approx(scalars[i].level, abs=1e-9), where
             if scalars[i].warm:  # the same bin width (doublings included) and recent range
                 assert batch._width[i] == scalars[i]._width, where
