@@ -66,7 +66,8 @@ def read_value(path: Path) -> str | None:
     """The file's content, or None when it (or its cgroup) is gone.
 
     Read with os.read, not a text-mode open(): a standing lever's full check reads two files
-    of every BE cgroup, and the text layer was a fifth of it (benchmarks/agent_tick.py)."""
+    of every BE cgroup, and the text layer was about a fifth of it in a cProfile of it (its
+    time: benchmarks/agent_tick.py's last line)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -181,7 +182,8 @@ def select_targets(ctx: StepContext, scope: str = "workload") -> tuple[list[Targ
         chosen.setdefault(parts, Target(parts)).workloads.append(workload)
     # A target inside another one is covered by it: writing both would count it twice (quota).
     # Each target's own ancestors are looked up, not every pair compared: with 90 BE cgroups
-    # the pairs were a quarter of a standing lever's full check (benchmarks/agent_tick.py).
+    # the pairs were about a quarter of a standing lever's full check in a cProfile of it (its
+    # time: benchmarks/agent_tick.py's last line).
     targets = [t for t in chosen.values()
                if not any(t.parts[:depth] in chosen for depth in range(len(t.parts)))]
     return sorted(targets, key=lambda t: t.parts), refused
