@@ -138,6 +138,25 @@ def priority_classes(kube) -> dict[str, int]:
     for name, value in PRIORITIES.items():
         scheduling.create_priority_class(client.V1PriorityClass(
             metadata=client.V1ObjectMeta(name=name), value=value))
+    # The Priority admission plugin reads classes from its informer's cache: a class created a
+    # moment ago can be refused as unknown (403) until the cache has it. A dry-run pod goes
+    # through admission and stores nothing.
+    core = client.CoreV1Api(kube.api_client())
+
+    def admitted(name: str) -> bool:
+        probe = client.V1Pod(metadata=client.V1ObjectMeta(name="priority-probe"),
+                             spec=client.V1PodSpec(priority_class_name=name, containers=[
+                                 client.V1Container(name="main", image="none")]))
+        try:
+            core.create_namespaced_pod("default", probe, dry_run="All")
+        except client.exceptions.ApiException as error:
+            if error.status == 403 and "no PriorityClass" in (error.body or ""):
+                return False
+            raise
+        return True
+
+    for name in PRIORITIES:
+        _wait_for(f"the Priority admission plugin to know {name}", lambda n=name: admitted(n), 30)
     return PRIORITIES
 
 

@@ -403,9 +403,21 @@ def test_interference_climbs_the_shipped_ladder_and_every_rung_is_undone(
     client.SchedulingV1Api(env.api_client()).create_priority_class(
         {"metadata": {"name": "batch-low"}, "value": -10, "globalDefault": False,
          "description": "BE jobs that may go first"})
-    core.create_namespaced_pod("batch", pod("be-protected", "batch", qos_class="BE",
-                                            command=["sleep", "infinity"],
-                                            priority_class="batch-low"))
+
+    def admitted() -> bool:
+        # The Priority admission plugin reads PriorityClasses from its informer's cache, so a
+        # class created a moment ago can be refused as unknown (403) until the cache has it.
+        try:
+            core.create_namespaced_pod("batch", pod("be-protected", "batch", qos_class="BE",
+                                                    command=["sleep", "infinity"],
+                                                    priority_class="batch-low"))
+        except client.exceptions.ApiException as error:
+            if error.status == 403 and "no PriorityClass" in (error.body or ""):
+                return False
+            raise
+        return True
+
+    node.wait("the Priority admission plugin to know batch-low", admitted, timeout=30)
     node.policy.create_namespaced_custom_object("policy", "v1beta1", "batch",
                                                 "poddisruptionbudgets", {
         "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
