@@ -353,6 +353,20 @@ class SlotArrays:
     def _views(self) -> None:
         """Views of the per-slot arrays, made again when they change."""
 
+    def __getstate__(self) -> dict[str, Any]:
+        # pickle and deepcopy copy a view apart from its buffer: keep the slots in use as the
+        # buffers (no room), and make the views again on the way back
+        state = self.__dict__.copy()
+        state["_buffers"] = {name: getattr(self, name) for name in self._layout}
+        state["_room"] = self._size
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        for name in self._layout:
+            setattr(self, name, self._buffers[name])
+        self._views()
+
     def nbytes(self) -> int:
         """Memory of the per-slot buffers, room for more slots included."""
         return sum(buffer.nbytes for buffer in self._buffers.values())

@@ -5,7 +5,9 @@ same verdicts, series for series, as one detector per series and as a batch neve
 
 from __future__ import annotations
 
+import copy
 import math
+import pickle
 from types import SimpleNamespace
 
 import numpy as np
@@ -177,3 +179,23 @@ def test_compact_keeps_the_named_slots_in_order():
         if old in shapes:
             assert all(np.array_equal(a, b) for a, b in zip(batch._prototypes[new], shapes[old],
                                                              strict=True))
+
+
+@pytest.mark.parametrize(("kind", "params", "store"), CASES)
+def test_a_pickled_or_copied_batch_goes_on_as_the_original(kind, params, store):
+    """A view and its buffer are copied apart: the copy keeps the slots in use as its
+    buffers, so it grows and judges as the original does."""
+    data = _data(np.random.default_rng(6), 140, 50)
+    batch = REGISTRY.make_batch(kind, params)
+    for step in range(74):  # copied between two growths: the copies learn, then grow
+        batch.update(data[step, :20 + step // 6], step)
+    assert batch._room > batch._size  # room to lose
+    copies = [pickle.loads(pickle.dumps(batch)), copy.deepcopy(batch)]
+    for step in range(74, 140):
+        outs = [b.update(data[step, :20 + step // 6], step) for b in [batch, *copies]]
+        for out in outs[1:]:
+            for field in ("crossed", "recovered", "threshold", "score"):
+                assert np.array_equal(getattr(out, field), getattr(outs[0], field),
+                                      equal_nan=field in ("threshold", "score")), (step, field)
+    assert np.may_share_memory(copies[0]._flat if kind == "anomaly_likelihood"
+                               else copies[0].value._flat, store(copies[0]))
