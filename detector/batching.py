@@ -74,10 +74,11 @@ class PerSeries:
                     engine._history.pop((self.key.rule, series), None)
 
 
-# Slots are compacted once fewer than 1 in COMPACT_BELOW is in use (hysteresis: after a
-# compaction the live series must grow 4-fold and then fall again before the next), and only
-# above COMPACT_FROM slots, under which the memory is small (6 MB at most for anomaly_channels)
-# and a rule's few series coming and going would move their state for nothing.
+# Slots are compacted once fewer than 1 in COMPACT_BELOW is in use (hysteresis: a compaction
+# leaves every slot in use, so the next needs three quarters of them gone, and its cost, a copy
+# of the slots kept, is paid for by those departures), and only from COMPACT_FROM slots, under
+# which the memory is small (3.2 MB at most for anomaly_channels with its defaults, prototype
+# memory included) and a rule's few series coming and going would move their state for nothing.
 COMPACT_BELOW = 4
 COMPACT_FROM = 256
 
