@@ -286,9 +286,9 @@ class SlotArrays:
     is kept here rather than as NaN slots in the engine's `Slots`: the arrays an update sweeps
     are those of the slots in use, so a tick costs what it did before, while slots beyond
     `_size`, never written, cost only address space until used (buffers are `np.empty`, and a
-    new slot's values are written when it joins). `compact` moves the slots the engine keeps to
+    new slot's values are written when it joins). `compact` (by `_take`) moves the slots kept to
     the front and reallocates the buffers to their number: the engine calls it when most slots
-    are free, so memory falls after a peak (benchmarks/detector_throughput.py, "rising").
+    are free, so memory falls after a peak (benchmarks/batch_growth.py measures both).
     """
 
     _scalars: dict[str, tuple[Any, Any]]
