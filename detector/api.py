@@ -100,3 +100,9 @@ class BatchDetector(Protocol):
         """One evaluation of every slot; `values` is a float array, NaN where there is no data
         (an unused slot or a series without data: neither learns nor crosses). Slots beyond
         what the batch has seen so far are new and start fresh."""
+
+    # Optional, looked up with getattr (a batch without it never shrinks after a peak):
+    # def compact(self, keep) -> None:
+    #     """Slots `keep` (sorted, distinct int64 array) become slots 0, 1, ... with what they
+    #     learned; every other slot is forgotten and its memory may be given back. The engine
+    #     calls it when most of a batch's slots are free, then passes len(keep) values."""

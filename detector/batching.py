@@ -74,8 +74,20 @@ class PerSeries:
                     engine._history.pop((self.key.rule, series), None)
 
 
+# Slots are compacted once fewer than 1 in COMPACT_BELOW is in use (hysteresis: a compaction
+# leaves every slot in use, so the next needs three quarters of them gone, and its cost, a copy
+# of the slots kept, is paid for by those departures), and only from COMPACT_FROM slots, under
+# which the memory is small (3.2 MB at most for anomaly_channels with its defaults, prototype
+# memory included) and a rule's few series coming and going would move their state for nothing.
+COMPACT_BELOW = 4
+COMPACT_FROM = 256
+
+
 class Slots:
-    """A batch detector's slot per series: freed when a series goes, reused by the next."""
+    """A batch detector's slot per series: freed when a series goes, reused by the next, and
+    compacted (the live slots moved to the front, the others dropped) when most are free and
+    the batch can (its optional `compact`): memory then falls after a peak of series, and a
+    tick no longer sweeps the dead slots' NaN."""
 
     def __init__(self, spec: Any) -> None:
         self.spec = spec
@@ -106,6 +118,27 @@ class Slots:
             self.fresh.append(slot)
         return gone
 
+    def compact(self, detector: Any) -> None:
+        """Move the live slots to the front, in their order, when fewer than 1 in
+        COMPACT_BELOW is in use and `detector` has `compact` (else the slots stay as they
+        are: a batch without it never shrinks). Run after `reset` of the fresh slots, so
+        every slot in use is one the detector has."""
+        import numpy as np
+
+        size = len(self.owner)
+        if size < COMPACT_FROM or len(self.index) * COMPACT_BELOW >= size:
+            return
+        compact = getattr(detector, "compact", None)
+        if compact is None:
+            return
+        keep = sorted(self.index.values())
+        compact(np.asarray(keep, dtype=np.int64))
+        moved = {old: new for new, old in enumerate(keep)}
+        self.index = {series: moved[slot] for series, slot in self.index.items()}
+        self.owner = [self.owner[slot] for slot in keep]
+        self.free = []
+        self.fresh = [moved[slot] for slot in self.fresh]
+
 
 @dataclass
 class Batch:
@@ -123,6 +156,7 @@ class Batch:
         detector = slots.detector or registry.make_batch(self.spec.detector, self.spec.params)
         if slots.fresh:
             detector.reset(np.asarray(slots.fresh, dtype=np.int64))
+        slots.compact(detector)
         values = np.full(len(slots.owner), np.nan)
         count = len(self.inputs)
         where = np.fromiter(map(slots.index.__getitem__, self.inputs), np.int64, count)
@@ -157,8 +191,14 @@ class Batch:
     def without_series(self) -> tuple[Any, Judged, list[str]]:
         """What `run` gives when no series has a value or an alert, without the detector's
         call: every slot would get NaN, which the batch contract says neither learns nor
-        crosses (a batch not made yet is made when a series comes)."""
-        return self.slots.detector, Judged({}, set(), {}.__getitem__, lambda: None), []
+        crosses (a batch not made yet is made when a series comes). A large batch whose
+        series are all gone is dropped here, as no compaction can run without the worker:
+        a new one is made when a series comes."""
+        slots = self.slots
+        if not slots.index and len(slots.owner) >= COMPACT_FROM:
+            slots.owner, slots.free, slots.fresh = [], [], []
+            return None, Judged({}, set(), {}.__getitem__, lambda: None), []
+        return slots.detector, Judged({}, set(), {}.__getitem__, lambda: None), []
 
     def keep(self, engine: Any, detector: Any) -> None:
         self.slots.detector = detector

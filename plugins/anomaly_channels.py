@@ -253,7 +253,8 @@ class AnomalyChannelsBatch(SlotArrays):
     room for as many prototypes as the fullest row has needed (doubled when short, at most
     `prototypes`) x (`segments` + 1) numbers, plus its count: at most 64 x 13 x 8 + 8 = 6,664
     bytes with the defaults, what one WindowShape may hold. The store grows by a quarter of its
-    rows at least (rows free for later slots), and the rows of reset slots are given again.
+    rows at least (rows free for later slots), and the rows of reset slots are given again;
+    `compact` keeps only the rows of the slots kept.
     Cost per tick: benchmarks/detector_throughput.py.
     """
 
@@ -269,21 +270,22 @@ class AnomalyChannelsBatch(SlotArrays):
         self.value = AnomalyLikelihoodBatch(value)
         self.volatility = AnomalyLikelihoodBatch(derived)
         self.shape = AnomalyLikelihoodBatch(shape)
-        self._size = 0
+        self._start_slots()
         self._scalars = {  # per slot: name -> (dtype, value of a fresh slot)
             "_previous": (float, math.nan), "_changed": (np.int64, 0), "_next": (np.int64, 0),
             "_sum": (float, 0.0), "_since": (np.int64, 0), "_partial": (float, 0.0),
             "_count": (np.int64, 0), "_means_seen": (np.int64, 0),
             "_distance": (float, math.nan),
         }
-        for name, (dtype, _) in self._scalars.items():
-            setattr(self, name, np.zeros(0, dtype=dtype))
-        self._changes = np.zeros((self.span, 0))  # ring of the last changes, a column per slot
-        self._means = np.zeros((self.segments, 0))  # ring of the last segment means
+        for name, (dtype, fresh) in self._scalars.items():
+            self._per_slot(name, dtype, fresh)
+        # rings of the last changes and of the last segment means, a column per slot
+        self._per_slot("_changes", float, 0.0, (self.span, None))
+        self._per_slot("_means", float, 0.0, (self.segments, None))
         # The prototype memory: a row of the store per slot that has had a shape (-1: none),
         # each with room for as many prototypes as the fullest row needs (doubling, at most
         # `prototypes`), their uses and their count; rows of reset slots are given again.
-        self._row = np.zeros(0, dtype=np.int64)
+        self._per_slot("_row", np.int64, -1)
         self._store = np.zeros((0, 1, self.segments))
         self._store_uses = np.zeros((0, 1))
         self._store_count = np.zeros(0, dtype=np.int64)
@@ -301,17 +303,28 @@ class AnomalyChannelsBatch(SlotArrays):
         return sum(a.nbytes for a in (self._row, self._store, self._store_uses,
                                       self._store_count))
 
-    def _grow(self, size: int) -> None:
+    def nbytes(self) -> int:
+        """Memory of the per-slot buffers, room for more slots included, and of the
+        prototype memory."""
+        return (super().nbytes() + self.prototype_bytes() - self._row.nbytes
+                + sum(channel.nbytes() for channel in (self.value, self.volatility,
+                                                        self.shape)))
+
+    def compact(self, keep: Any) -> None:
+        """Slots `keep` (sorted, distinct) become slots 0, 1, ... with what they learned; the
+        others are forgotten and their memory given back, prototype memory included (the
+        batch contract's `compact`)."""
         import numpy as np
 
-        extra = size - self._size
-        if extra <= 0:
-            return
-        self._grow_scalars(extra)
-        self._changes = np.concatenate([self._changes, np.zeros((self.span, extra))], axis=1)
-        self._means = np.concatenate([self._means, np.zeros((self.segments, extra))], axis=1)
-        self._row = np.concatenate([self._row, np.full(extra, -1, dtype=np.int64)])
-        self._size = size
+        keep = np.asarray(keep, dtype=np.int64)
+        for channel in (self.value, self.volatility, self.shape):
+            channel.compact(keep)
+        self._take(keep)
+        rows = self._row[self._row >= 0]  # the store's rows still owned, in slot order
+        self._store, self._store_uses = self._store[rows], self._store_uses[rows]
+        self._store_count = self._store_count[rows]
+        self._row[self._row >= 0] = np.arange(len(rows))
+        self._free = []
 
     def reset(self, slots: Any) -> None:
         import numpy as np

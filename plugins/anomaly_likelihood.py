@@ -275,17 +275,101 @@ def sloguard_detectors() -> list[type]:
 
 
 class SlotArrays:
-    """What the anomaly batches share: per-slot arrays named in `_scalars` (name -> (dtype, a
-    fresh slot's value)), grown together, and an update whose arithmetic overflows silently."""
+    """What the anomaly batches share: per-slot arrays, grown and compacted together, and an
+    update whose arithmetic overflows silently.
+
+    Each per-slot array (declared with `_per_slot`) is a view of the first `_size` slots of a
+    buffer with room for more. When a batch needs more slots than its room, every buffer is
+    reallocated 1.5 times larger (amortised, a slot is copied about three times in all); a
+    batch whose series count rises by a few each tick would otherwise copy every slot each
+    tick (1,850 bytes a slot for anomaly_likelihood: 185 MB a tick at 100,000 series). The room
+    is kept here rather than as NaN slots in the engine's `Slots`: the arrays an update sweeps
+    are those of the slots in use, so a tick costs what it did before, while slots beyond
+    `_size`, never written, cost only address space until used (buffers are `np.empty`, and a
+    new slot's values are written when it joins). `compact` (by `_take`) moves the slots kept to
+    the front and reallocates the buffers to their number: the engine calls it when most slots
+    are free, so memory falls after a peak (benchmarks/batch_growth.py measures both).
+    """
 
     _scalars: dict[str, tuple[Any, Any]]
+    _size: int
+    # room reallocated this many times larger (1.0: the exact size, as before #25, which
+    # benchmarks/batch_growth.py runs as its reference)
+    _growth = 1.5
 
-    def _grow_scalars(self, extra: int) -> None:
+    def _start_slots(self) -> None:
+        """Before any `_per_slot`: no slots, no room."""
+        self._size = 0
+        self._room = 0
+        self._layout: dict[str, tuple[tuple[int | None, ...], Any, Any]] = {}
+        self._buffers: dict[str, Any] = {}
+        self.reallocations = 0  # times the buffers were reallocated larger (the tests count)
+
+    def _per_slot(self, name: str, dtype: Any, fresh: Any,
+                  shape: tuple[int | None, ...] = (None,)) -> None:
+        """Declare the per-slot array `name`: `shape` with None on the slot axis, `fresh` the
+        value of a new slot."""
         import numpy as np
 
-        for name, (dtype, fresh) in self._scalars.items():
-            setattr(self, name, np.concatenate([getattr(self, name),
-                                                np.full(extra, fresh, dtype=dtype)]))
+        self._layout[name] = (shape, dtype, fresh)
+        self._buffers[name] = buffer = np.empty(_sized(shape, self._room), dtype=dtype)
+        setattr(self, name, buffer[_upto(shape, self._size)])
+
+    def _grow(self, size: int) -> None:
+        import numpy as np
+
+        old = self._size
+        if size <= old:
+            return
+        if size > self._room:
+            room = max(size, int(self._room * self._growth))
+            for name, (shape, dtype, _) in self._layout.items():
+                buffer = np.empty(_sized(shape, room), dtype=dtype)
+                buffer[_upto(shape, old)] = self._buffers[name][_upto(shape, old)]
+                self._buffers[name] = buffer
+            self._room = room
+            self.reallocations += 1
+        joining = slice(old, size)
+        for name, (shape, _, fresh) in self._layout.items():
+            buffer = self._buffers[name]
+            buffer[tuple(joining if n is None else slice(None) for n in shape)] = fresh
+            setattr(self, name, buffer[_upto(shape, size)])
+        self._size = size
+        self._views()
+
+    def _take(self, keep: Any) -> None:
+        """Slots `keep` (sorted, distinct, below `_size`) become slots 0, 1, ...; the others are
+        forgotten, and the buffers hold exactly these."""
+        import numpy as np
+
+        keep = np.asarray(keep, dtype=np.int64)
+        for name, (shape, _, _) in self._layout.items():
+            buffer = np.take(getattr(self, name), keep, axis=shape.index(None))
+            self._buffers[name] = buffer
+            setattr(self, name, buffer)
+        self._size = self._room = len(keep)
+        self._views()
+
+    def _views(self) -> None:
+        """Views of the per-slot arrays, made again when they change."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        # pickle and deepcopy copy a view apart from its buffer: keep the slots in use as the
+        # buffers (no room), and make the views again on the way back
+        state = self.__dict__.copy()
+        state["_buffers"] = {name: getattr(self, name) for name in self._layout}
+        state["_room"] = self._size
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        for name in self._layout:
+            setattr(self, name, self._buffers[name])
+        self._views()
+
+    def nbytes(self) -> int:
+        """Memory of the per-slot buffers, room for more slots included."""
+        return sum(buffer.nbytes for buffer in self._buffers.values())
 
     def update(self, values: Any, time_ns: int = 0) -> BatchVerdicts:
         import numpy as np
@@ -297,6 +381,14 @@ class SlotArrays:
 
     def _update(self, values: Any, time_ns: int) -> BatchVerdicts:
         raise NotImplementedError
+
+
+def _sized(shape: tuple[int | None, ...], slots: int) -> tuple[int, ...]:
+    return tuple(slots if n is None else n for n in shape)
+
+
+def _upto(shape: tuple[int | None, ...], slots: int) -> tuple[slice, ...]:
+    return tuple(slice(0, slots) if n is None else slice(None) for n in shape)
 
 
 class AnomalyLikelihoodBatch(SlotArrays):
@@ -322,7 +414,9 @@ class AnomalyLikelihoodBatch(SlotArrays):
     Memory: 8 x (4 x `bins` + 4 x `radius` + 3 + `average`) + 114 bytes per slot, and 8 x
     `warmup` more when the warm-up is longer than a row (else its values live in the bin row
     until the bin width is set): 1,850 bytes with the defaults, plus a dict of at most
-    4 x `bins` + 1 bins for a slot spread too far for its row. Cost per tick:
+    4 x `bins` + 1 bins for a slot spread too far for its row; the buffers keep room for up
+    to half as many slots again (SlotArrays), address space until used, and are cut back to
+    the slots in use by `compact`. Cost per tick:
     benchmarks/detector_throughput.py, which chose how it is written: blocks of `_BLOCK` slots
     (whole-array temporaries cost page faults), slices rather than gathers where a block's
     slots all have values, padding rather than bounds checks, the bin read once for the share
@@ -346,7 +440,7 @@ class AnomalyLikelihoodBatch(SlotArrays):
         self._row = 4 * self.bins + 1  # bins a slot's dense row holds
         self._pad = 2 * self.radius + 1  # empty bins either side: a far key reads only those
         self._stride = self._row + 2 * self._pad
-        self._size = 0
+        self._start_slots()
         self._scalars = {  # per slot: name -> (dtype, value of a fresh slot)
             "_seen": (np.int64, 0), "_width": (float, 0.0), "_offset": (np.int64, 0),
             "_low": (float, math.inf), "_high": (float, -math.inf),
@@ -355,14 +449,16 @@ class AnomalyLikelihoodBatch(SlotArrays):
             "_square": (float, 0.0), "_judged": (np.int64, 0), "_red": (bool, False),
             "level": (float, 0.0), "_dense": (bool, True),
         }
-        for name, (dtype, _) in self._scalars.items():
-            setattr(self, name, np.zeros(0, dtype=dtype))
+        for name, (dtype, fresh) in self._scalars.items():
+            self._per_slot(name, dtype, fresh)
         # the warm-up values share the bin row when they fit (the row is empty until then)
         self._own_first = self.warmup > self._row
-        self._first = np.zeros((0, self.warmup))
-        self._store = np.zeros((0, self._stride))
-        self._raw = np.zeros((self.average, 0))  # ring of raw scores, one column per slot
+        if self._own_first:
+            self._per_slot("_first", float, 0.0, (None, self.warmup))
+        self._per_slot("_store", float, 0.0, (None, self._stride))
+        self._per_slot("_raw", float, 0.0, (self.average, None))  # ring of raw scores
         self._sparse: dict[int, dict[int, float]] = {}  # slot -> bins, spread too far for a row
+        self._bases = np.zeros(0, dtype=np.int64)
         self._views()
 
     def _views(self) -> None:
@@ -370,29 +466,24 @@ class AnomalyLikelihoodBatch(SlotArrays):
 
         self._counts = self._store[:, self._pad:self._pad + self._row]  # the rows, a view
         self._flat = self._store.reshape(-1)
-        self._base = np.arange(self._size, dtype=np.int64) * self._stride + self._pad
+        if len(self._bases) != self._room:  # where each slot's row starts in _flat
+            self._bases = np.arange(self._room, dtype=np.int64) * self._stride + self._pad
+        self._base = self._bases[:self._size]
         if not self._own_first:
             self._first = self._counts
 
     def bytes_per_slot(self) -> float:
-        """Memory of the arrays per slot (the dicts of far-spread slots not counted)."""
-        arrays = [getattr(self, name) for name in self._scalars]
-        arrays += [self._store, self._raw] + ([self._first] if self._own_first else [])
-        return sum(a.nbytes for a in arrays) / max(self._size, 1)
+        """Memory of the arrays per slot in use (the dicts of far-spread slots not counted;
+        room for more slots apart: nbytes)."""
+        return sum(getattr(self, name).nbytes for name in self._layout) / max(self._size, 1)
 
-    def _grow(self, size: int) -> None:
-        import numpy as np
-
-        extra = size - self._size
-        if extra <= 0:
-            return
-        self._grow_scalars(extra)
-        self._store = np.concatenate([self._store, np.zeros((extra, self._stride))])
-        if self._own_first:
-            self._first = np.concatenate([self._first, np.zeros((extra, self.warmup))])
-        self._raw = np.concatenate([self._raw, np.zeros((self.average, extra))], axis=1)
-        self._size = size
-        self._views()
+    def compact(self, keep: Any) -> None:
+        """Slots `keep` (sorted, distinct) become slots 0, 1, ... with what they learned; the
+        others are forgotten and their memory given back (the batch contract's `compact`)."""
+        keep = [int(slot) for slot in keep]
+        self._take(keep)
+        sparse = self._sparse
+        self._sparse = {new: sparse[old] for new, old in enumerate(keep) if old in sparse}
 
     def reset(self, slots: Any) -> None:
         import numpy as np

@@ -165,6 +165,16 @@ class EWMABatch:
             self.learned[slots] = 0
             self.active[slots] = False
 
+    def compact(self, keep: Any) -> None:
+        """Slots `keep` (sorted, distinct) become slots 0, 1, ...; the others are forgotten
+        (the batch contract's `compact`). Growth stays a copy (no room kept): each update
+        makes its arrays anew anyway, so a copy on growth is a fraction of that tick."""
+        import numpy as np
+
+        keep = np.asarray(keep, dtype=np.int64)
+        self.mean, self.square = self.mean[keep], self.square[keep]
+        self.learned, self.active = self.learned[keep], self.active[keep]
+
     def update(self, values: Any, time_ns: int = 0) -> BatchVerdicts:
         import numpy as np
 

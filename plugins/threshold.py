@@ -57,6 +57,9 @@ class ThresholdBatch:
     def reset(self, slots: Any) -> None:
         pass  # stateless
 
+    def compact(self, keep: Any) -> None:
+        pass  # stateless: the engine's slots move, nothing here does
+
     def update(self, values: Any, time_ns: int = 0) -> BatchVerdicts:
         import numpy as np
 

@@ -951,8 +951,9 @@ groups:
 """
 
 
-def _replay(tmp_path, batches: bool) -> list:
-    """Drive an engine through churning, gappy, spiky series; the incidents it leaves."""
+def _replay(tmp_path, batches: bool, leave_at: int | None = None, watch=None) -> list:
+    """Drive an engine through churning, gappy, spiky series; the incidents it leaves. From
+    `leave_at`, all pods but the first 8 are gone; `watch(second, engine)` after each tick."""
     import random
 
     rng = random.Random(5)
@@ -963,6 +964,8 @@ def _replay(tmp_path, batches: bool) -> list:
         for pod in range(40):
             if (pod < 10 and 50 <= second < 70) or (pod >= 30 and second < 40):
                 continue  # pods that go away for a while, pods that start late
+            if leave_at is not None and second >= leave_at and pod >= 8:
+                continue
             if rng.random() < 0.05:
                 continue  # a missed scrape
             value = rng.gauss(10, 1) + (30 if rng.random() < 0.03 else 0)
@@ -976,6 +979,8 @@ def _replay(tmp_path, batches: bool) -> list:
         h.windows.add(samples)
         h.now = now
         h.engine.evaluate(now)
+        if watch:
+            watch(second, h.engine)
     assert all(not status.error for status in h.engine.status.values())
     return sorted(
         (i.rule, sorted(i.series.items()), i.state, i.started_ns, i.fired_ns, i.resolved_ns,
@@ -996,6 +1001,35 @@ def test_batch_path_gives_the_incidents_of_the_per_series_path(tmp_path):
     assert len(batched) == len(one_by_one)
     for mine, theirs in zip(batched, one_by_one, strict=True):
         assert mine == theirs
+
+
+def test_batches_compacted_after_most_series_go_give_the_per_series_incidents(tmp_path,
+                                                                             monkeypatch):
+    """Issue #25: once most of a rule's series are gone its batch is compacted (memory given
+    back), and the incidents stay those of one detector per series."""
+    from sloguard.detector import batching
+
+    monkeypatch.setattr(batching, "COMPACT_FROM", 8)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    seen: dict[str, list] = {}
+
+    def watch(second, engine):
+        for key, slots in engine._batches.items():
+            if not key.condition and slots.detector is not None:
+                nbytes = getattr(slots.detector, "nbytes", lambda: 0)()
+                rule = key.rule.rsplit("/", 1)[-1]
+                seen.setdefault(rule, []).append((second, len(slots.owner), nbytes))
+
+    batched = _replay(tmp_path / "a", batches=True, leave_at=100, watch=watch)
+    one_by_one = _replay(tmp_path / "b", batches=False, leave_at=100)
+    assert {incident[0] for incident in batched} >= {"Rare", "Shapes"}
+    assert batched == one_by_one
+    for rule in ("Rare", "Shapes", "Unusual", "Spiky"):
+        peak = max(size for _, size, _ in seen[rule])
+        assert peak == 40 and seen[rule][-1][1] <= 10, (rule, seen[rule][-1])
+    for rule in ("Rare", "Shapes"):
+        assert seen[rule][-1][2] * 3 < max(nbytes for _, _, nbytes in seen[rule])
 
 
 def _edit_rules(h, text: str, stamp: int) -> None:
