@@ -232,3 +232,19 @@ def test_series_flapping_between_many_and_few_are_not_compacted_every_other_tick
         batch = Batch("key", spec, inputs, slots)
         batch.keep(engine, batch.run(registry, step)[0])
     assert Counting.compactions == 1 and len(slots.owner) == 40
+
+
+@pytest.mark.parametrize("params", [LIKELIHOOD, {**LIKELIHOOD, "warmup": 30}])  # _first own
+def test_a_pickled_batch_holds_its_arrays_once(params):
+    """The views of the bin store (_counts, _flat, and _first when the warm-up shares the rows)
+    were pickled as copies of the whole store."""
+    batch = AnomalyLikelihoodBatch(params)
+    data = _data(np.random.default_rng(7), 40, 2000)
+    for step, row in enumerate(data):
+        batch.update(row, step)
+    arrays = batch.bytes_per_slot() * batch._size
+    copied = pickle.loads(pickle.dumps(batch))
+    assert len(pickle.dumps(batch)) < 1.1 * arrays
+    assert np.may_share_memory(copied._flat, copied._store)
+    assert np.may_share_memory(copied._counts, copied._store)
+    assert copied._own_first or copied._first is copied._counts
