@@ -16,6 +16,11 @@ tick over the 1% left. Machines here are noisy: read the ratios.
 
 `anomaly_channels` runs over a fifth of the series by default (`--channels-series`): its
 batch holds 6 KB a slot and ticks ten times slower.
+
+`--flapping`: instead, the series flap each tick between all and 1 in 5 (a window shorter than
+their scrape interval), through the engine's `Slots` and `Batch`; a batch compacted as soon as
+fewer than 1 in 4 slots is in use (`COMPACT_AFTER` 1, as #25 was merged) against one compacted
+after `COMPACT_AFTER` low evaluations in a row (the default), alternated tick by tick.
 """
 
 from __future__ import annotations
@@ -99,13 +104,57 @@ def measure(kind: str, series: int, step: int) -> None:
     print(f"(the compaction itself: {compacting:.1f} ms, once)")
 
 
+def flapping(kind: str, series: int, ticks: int = 60) -> None:
+    from types import SimpleNamespace
+
+    from sloguard.detector import batching
+    from sloguard.detector.registry import DetectorRegistry
+
+    registry = DetectorRegistry()
+    name = {"likelihood": "anomaly_likelihood", "channels": "anomaly_channels"}[kind]
+    spec = SimpleNamespace(detector=name, params={})
+    keys = [(("pod", f"p{i}"),) for i in range(series)]
+    pool = np.random.default_rng(0).normal(10, 1, (16, series))
+    runs = {"at once": (1, batching.Slots(spec)),
+            "waiting": (batching.COMPACT_AFTER, batching.Slots(spec))}
+    engine = SimpleNamespace(_batches={})
+    spent: dict[str, list[float]] = {label: [] for label in runs}
+    default = batching.COMPACT_AFTER
+    try:
+        for tick in range(ticks):
+            live = range(series) if tick % 2 == 0 else range(0, series, 5)
+            inputs = {keys[i]: float(pool[tick % 16, i]) for i in live}
+            order = list(runs.items())
+            for label, (after, slots) in order if tick % 4 < 2 else order[::-1]:
+                batching.COMPACT_AFTER = after
+                slots.arrange(inputs)
+                batch = batching.Batch("key", spec, inputs, slots)
+                started = time.perf_counter()
+                detector = batch.run(registry, tick)[0]
+                spent[label].append((time.perf_counter() - started) * 1000)
+                batch.keep(engine, detector)
+    finally:
+        batching.COMPACT_AFTER = default
+    old, new = (statistics.mean(spent[label][10:]) for label in runs)
+    print(f"\n{kind}: {series:,} series flapping each tick to 1 in 5 ({ticks} ticks)")
+    print(f"| ms a tick, mean (the batch's run) | at once {old:.2f} | waiting {new:.2f} | "
+          f"{new / old:.3f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--series", type=int, default=100_000)
     parser.add_argument("--channels-series", type=int, default=20_000)
     parser.add_argument("--step", type=int, default=100)
     parser.add_argument("--only", choices=sorted(PARTS))
+    parser.add_argument("--flapping", action="store_true")
     args = parser.parse_args()
+    if args.flapping:
+        halves = (("likelihood", args.series // 2), ("channels", args.channels_series // 2))
+        for kind, series in halves:
+            if args.only in (None, kind):
+                flapping(kind, series)
+        return
     if args.only in (None, "likelihood"):
         measure("likelihood", args.series, args.step)
     if args.only in (None, "channels"):

@@ -105,4 +105,5 @@ class BatchDetector(Protocol):
     # def compact(self, keep) -> None:
     #     """Slots `keep` (sorted, distinct int64 array) become slots 0, 1, ... with what they
     #     learned; every other slot is forgotten and its memory may be given back. The engine
-    #     calls it when most of a batch's slots are free, then passes len(keep) values."""
+    #     calls it when most of a batch's slots have been free for a few evaluations in a row,
+    #     then passes len(keep) values."""

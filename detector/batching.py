@@ -79,8 +79,12 @@ class PerSeries:
 # of the slots kept, is paid for by those departures), and only from COMPACT_FROM slots, under
 # which the memory is small (3.2 MB at most for anomaly_channels with its defaults, prototype
 # memory included) and a rule's few series coming and going would move their state for nothing.
+# And only after COMPACT_AFTER runs in a row with so few in use: series flapping each tick between
+# many and few (a window shorter than their scrape interval) were compacted on each low tick and
+# reallocated on each high one: 1.6x the tick of waiting (benchmarks/batch_growth.py --flapping).
 COMPACT_BELOW = 4
 COMPACT_FROM = 256
+COMPACT_AFTER = 8
 
 
 class Slots:
@@ -96,6 +100,7 @@ class Slots:
         self.owner: list[SeriesKey | None] = []
         self.free: list[int] = []
         self.fresh: list[int] = []  # slots taken over since the batch last ran
+        self.thin_runs = 0  # runs in a row with fewer than 1 in COMPACT_BELOW slots in use
 
     def arrange(self, inputs: dict[SeriesKey, float]) -> list[SeriesKey]:
         """Give new series a slot and free the slots of series gone; returns those gone."""
@@ -118,15 +123,24 @@ class Slots:
             self.fresh.append(slot)
         return gone
 
-    def compact(self, detector: Any) -> None:
-        """Move the live slots to the front, in their order, when fewer than 1 in
-        COMPACT_BELOW is in use and `detector` has `compact` (else the slots stay as they
-        are: a batch without it never shrinks). Run after `reset` of the fresh slots, so
-        every slot in use is one the detector has."""
-        import numpy as np
-
+    def thin(self) -> bool:
+        """Whether fewer than 1 in COMPACT_BELOW slots (of COMPACT_FROM at least) has been in
+        use for COMPACT_AFTER runs in a row, this one included (called once a run)."""
         size = len(self.owner)
         if size < COMPACT_FROM or len(self.index) * COMPACT_BELOW >= size:
+            self.thin_runs = 0
+            return False
+        self.thin_runs += 1
+        return self.thin_runs >= COMPACT_AFTER
+
+    def compact(self, detector: Any) -> None:
+        """Move the live slots to the front, in their order, when fewer than 1 in
+        COMPACT_BELOW has been in use for COMPACT_AFTER runs and `detector` has `compact`
+        (else the slots stay as they are: a batch without it never shrinks). Run after
+        `reset` of the fresh slots, so every slot in use is one the detector has."""
+        import numpy as np
+
+        if not self.thin():
             return
         compact = getattr(detector, "compact", None)
         if compact is None:
@@ -138,6 +152,7 @@ class Slots:
         self.owner = [self.owner[slot] for slot in keep]
         self.free = []
         self.fresh = [moved[slot] for slot in self.fresh]
+        self.thin_runs = 0
 
 
 @dataclass
@@ -192,11 +207,12 @@ class Batch:
         """What `run` gives when no series has a value or an alert, without the detector's
         call: every slot would get NaN, which the batch contract says neither learns nor
         crosses (a batch not made yet is made when a series comes). A large batch whose
-        series are all gone is dropped here, as no compaction can run without the worker:
-        a new one is made when a series comes."""
+        series have all been gone for COMPACT_AFTER runs is dropped here, as no compaction can
+        run without the worker: a new one is made when a series comes."""
         slots = self.slots
-        if not slots.index and len(slots.owner) >= COMPACT_FROM:
+        if not slots.index and slots.thin():
             slots.owner, slots.free, slots.fresh = [], [], []
+            slots.thin_runs = 0
             return None, Judged({}, set(), {}.__getitem__, lambda: None), []
         return slots.detector, Judged({}, set(), {}.__getitem__, lambda: None), []
 

@@ -472,6 +472,14 @@ class AnomalyLikelihoodBatch(SlotArrays):
         if not self._own_first:
             self._first = self._counts
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the views of _store (and _bases) are made again on the way back: pickled, each was a
+        # copy of the whole store (a pickle 2.8 times the batch's arrays)
+        state = super().__getstate__()
+        for name in ("_counts", "_flat", "_base") + (() if self._own_first else ("_first",)):
+            del state[name]
+        return state
+
     def bytes_per_slot(self) -> float:
         """Memory of the arrays per slot in use (the dicts of far-spread slots not counted;
         room for more slots apart: nbytes)."""

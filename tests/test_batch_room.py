@@ -117,6 +117,7 @@ def test_compaction_gives_memory_back_and_the_verdicts_of_a_batch_never_compacte
     monkeypatch.setattr(batching, "COMPACT_FROM", 10**9)  # never compacted
     kept = _drive(kind, params, data)
     monkeypatch.setattr(batching, "COMPACT_FROM", 16)
+    monkeypatch.setattr(batching, "COMPACT_AFTER", 1)  # the waiting: the flapping test below
     compacted = _drive(kind, params, data)
     assert compacted["verdicts"] == kept["verdicts"]  # every series, every tick, field for field
     assert any(verdict.crossed for (step, _), verdict in compacted["verdicts"].items()
@@ -154,12 +155,11 @@ def test_a_large_batch_whose_series_are_all_gone_is_dropped(monkeypatch):
     spec = SimpleNamespace(detector="anomaly_likelihood", params=LIKELIHOOD)
     slots = Slots(spec)
     engine = SimpleNamespace(_batches={})
-    for inputs in ({_series(i): 1.0 for i in range(40)}, {}):
+    for inputs in ({_series(i): 1.0 for i in range(40)}, *[{}] * batching.COMPACT_AFTER):
+        assert isinstance(slots.detector, AnomalyLikelihoodBatch) or not slots.owner
         slots.arrange(inputs)
         batch = Batch("key", spec, inputs, slots)
         batch.keep(engine, batch.run(REGISTRY, 0)[0] if inputs else batch.without_series()[0])
-        if inputs:
-            assert isinstance(slots.detector, AnomalyLikelihoodBatch)
     assert slots.detector is None and slots.owner == [] and slots.free == []
 
 
@@ -199,3 +199,52 @@ def test_a_pickled_or_copied_batch_goes_on_as_the_original(kind, params, store):
                                       equal_nan=field in ("threshold", "score")), (step, field)
     assert np.may_share_memory(copies[0]._flat if kind == "anomaly_likelihood"
                                else copies[0].value._flat, store(copies[0]))
+
+
+def test_series_flapping_between_many_and_few_are_not_compacted_every_other_tick():
+    """A batch whose series flap each tick between many and under a quarter of them (a window
+    shorter than most series' scrape interval, a collector up every other tick) was compacted
+    on each low tick and reallocated on each high one (benchmarks/batch_growth.py --flapping).
+    A compaction waits for COMPACT_AFTER low runs in a row, and a lasting fall still gets one."""
+
+    class Counting(EWMABatch):
+        compactions = 0
+
+        def compact(self, keep):
+            Counting.compactions += 1
+            super().compact(keep)
+
+    registry = SimpleNamespace(make_batch=lambda kind, params: Counting(params))
+    spec = SimpleNamespace(detector="ewma", params={"warmup": 5})
+    slots = Slots(spec)
+    engine = SimpleNamespace(_batches={})
+    every = [_series(i) for i in range(400)]
+    few = every[::10]
+    for step in range(60):
+        inputs = dict.fromkeys(every if step % 2 == 0 else few, 1.0)
+        slots.arrange(inputs)
+        batch = Batch("key", spec, inputs, slots)
+        batch.keep(engine, batch.run(registry, step)[0])
+    assert Counting.compactions == 0 and len(slots.owner) == 400
+    for step in range(60, 60 + batching.COMPACT_AFTER):
+        inputs = dict.fromkeys(few, 1.0)
+        slots.arrange(inputs)
+        batch = Batch("key", spec, inputs, slots)
+        batch.keep(engine, batch.run(registry, step)[0])
+    assert Counting.compactions == 1 and len(slots.owner) == 40
+
+
+@pytest.mark.parametrize("params", [LIKELIHOOD, {**LIKELIHOOD, "warmup": 30}])  # _first own
+def test_a_pickled_batch_holds_its_arrays_once(params):
+    """The views of the bin store (_counts, _flat, and _first when the warm-up shares the rows)
+    were pickled as copies of the whole store."""
+    batch = AnomalyLikelihoodBatch(params)
+    data = _data(np.random.default_rng(7), 40, 2000)
+    for step, row in enumerate(data):
+        batch.update(row, step)
+    arrays = batch.bytes_per_slot() * batch._size
+    copied = pickle.loads(pickle.dumps(batch))
+    assert len(pickle.dumps(batch)) < 1.1 * arrays
+    assert np.may_share_memory(copied._flat, copied._store)
+    assert np.may_share_memory(copied._counts, copied._store)
+    assert copied._own_first or copied._first is copied._counts
