@@ -77,8 +77,9 @@ class PerSeries:
 # Slots are compacted once fewer than 1 in COMPACT_BELOW is in use (hysteresis: a compaction
 # leaves every slot in use, so the next needs three quarters of them gone, and its cost, a copy
 # of the slots kept, is paid for by those departures), and only from COMPACT_FROM slots, under
-# which the memory is small (3.2 MB at most for anomaly_channels with its defaults, prototype
-# memory included) and a rule's few series coming and going would move their state for nothing.
+# which the memory is small (3.2 MB at most in use for anomaly_channels with its defaults,
+# prototype memory included; about 4 MB of address space with the room) and a rule's few
+# series coming and going would move their state for nothing.
 # And only after COMPACT_AFTER runs in a row with so few in use: series flapping each tick between
 # many and few (a window shorter than their scrape interval) were compacted on each low tick and
 # reallocated on each high one: 1.6x the tick of waiting (benchmarks/batch_growth.py --flapping).

@@ -280,7 +280,7 @@ class SlotArrays:
 
     Each per-slot array (declared with `_per_slot`) is a view of the first `_size` slots of a
     buffer with room for more. When a batch needs more slots than its room, every buffer is
-    reallocated 1.5 times larger (amortised, a slot is copied about three times in all); a
+    reallocated 1.5 times larger (amortised, a slot is copied two to three times in all); a
     batch whose series count rises by a few each tick would otherwise copy every slot each
     tick (1,850 bytes a slot for anomaly_likelihood: 185 MB a tick at 100,000 series). The room
     is kept here rather than as NaN slots in the engine's `Slots`: the arrays an update sweeps
