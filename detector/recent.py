@@ -11,11 +11,13 @@ backtests and the UI read the store directly.
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from collections.abc import Iterable
 
 from sloguard.core.samples import Sample
 from sloguard.core.selectors import Selector
+from sloguard.detector.signals import aggregate_values
 
 SeriesKey = tuple[tuple[str, str], ...]
 _CACHE_LIMIT = 100_000
@@ -96,6 +98,39 @@ class Subscription:
             out[key] = (times, values)
         return out
 
+
+    def reduce(self, start_ns: int, end_ns: int, how: str) -> dict[SeriesKey, float]:
+        """Each series' `how` (an orderless aggregate, signals.orderless) over [start_ns,
+        end_ns): `window` + `aggregate`, without copying the window out. Written as loops
+        for min and max, the aggregate of the shipped rules' BE conditions (90 series of a 5 s
+        window each on 100 cgroups): "evaluate" in benchmarks/agent_tick.py went from 4.55 to
+        3.50 ms a tick (alternated with the code before; 96 against 412 us for one such
+        condition's 90 series, timed alone)."""
+        out: dict[SeriesKey, float] = {}
+        unordered = self.unordered
+        extreme = how in ("max", "min")
+        larger = how == "max"
+        for key, points in self.series.items():
+            if points[-1][0] < end_ns and key not in unordered:  # in time order, as `window`
+                if extreme:
+                    best = None
+                    seen = False
+                    for t, v in points:
+                        if t < start_ns:
+                            continue
+                        seen = True
+                        # what max() and min() keep: the first of equals; NaN is skipped
+                        if v == v and (best is None or (v > best if larger else v < best)):
+                            best = v
+                    if seen:
+                        out[key] = math.nan if best is None else best
+                    continue
+                values = [v for t, v in points if t >= start_ns]
+            else:
+                values = [v for t, v in points if start_ns <= t < end_ns]
+            if values:
+                out[key] = aggregate_values(values, how)
+        return out
 
     def last(self, start_ns: int, end_ns: int) -> dict[SeriesKey, float]:
         """Each series' latest non-NaN value in [start_ns, end_ns): `window` + `last`, cheaper."""
