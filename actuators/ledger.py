@@ -99,6 +99,39 @@ _RUNG_COLUMNS = ("policy, rung, kind, status, incident, dry_run, undo, applied_n
                  "retry_ns, spec, target, last_ns")
 
 
+class _Stored(str):
+    """A column's JSON as the ledger holds it, not yet decoded."""
+
+
+class _DecodedOnRead:
+    """A RungState field given as the ledger's JSON and decoded on its first read, for that
+    object alone. `Ledger.rungs()` runs 3-4 times a tick and each row's undo holds a record
+    per BE cgroup (18 KB for 90: 110 us to decode, 4 times a tick), yet most callers read
+    only a row's policy, kind and status (a standing lever's full check and an undo read the
+    rest). Each call still makes new objects decoded from the stored text, so a caller that
+    changes a row before a write that fails changes nothing another caller sees
+    (tests/test_ledger_rows.py). Measured with benchmarks/agent_tick.py ("ladder")."""
+
+    def __init__(self, *default: Any) -> None:
+        self.default = default  # none: the field has no default (dataclasses asks __get__)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            if self.default:
+                return self.default[0]
+            raise AttributeError(self.name)
+        value = obj.__dict__[self.name]
+        if type(value) is _Stored:
+            value = obj.__dict__[self.name] = json.loads(value)
+        return value
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[self.name] = value
+
+
 @dataclass
 class RungState:
     policy: str
@@ -107,12 +140,13 @@ class RungState:
     status: str  # done | proposed | skipped | failed
     incident: str
     dry_run: bool
-    undo: dict[str, Any]
+    undo: dict[str, Any] = _DecodedOnRead()  # type: ignore[assignment]
     applied_ns: int  # the first attempt: the next rung's `after` runs from here
     attempts: int = 1
     retry_ns: int = 0
-    spec: dict[str, Any] | None = None  # the step as configured, to undo it even if the policy
-    target: str = ""  # file changed since
+    # the step as configured, to undo it even if the policy file changed since
+    spec: dict[str, Any] | None = _DecodedOnRead(None)  # type: ignore[assignment]
+    target: str = ""
     last_ns: int = 0  # the latest attempt (a retry, a repeat); `repeat` runs from here
 
 
@@ -170,8 +204,8 @@ class Ledger:
         with self._lock:
             rows = self._conn.execute(query + " ORDER BY policy, rung",
                                       (policy,) if policy else ()).fetchall()
-        return [RungState(r[0], r[1], r[2], r[3], r[4], bool(r[5]), json.loads(r[6]), r[7], r[8],
-                          r[9], json.loads(r[10]), r[11], r[12]) for r in rows]
+        return [RungState(r[0], r[1], r[2], r[3], r[4], bool(r[5]), _Stored(r[6]), r[7], r[8],
+                          r[9], _Stored(r[10]), r[11], r[12]) for r in rows]
 
     def put(self, state: RungState) -> None:
         self.settle(put=state)

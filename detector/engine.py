@@ -33,7 +33,13 @@ from sloguard.detector.lifecycle import AlertLifecycle, AlertState
 from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import LoadedRule, RuleSet
-from sloguard.detector.signals import SeriesKey, SignalKey, aggregate, signal_keys
+from sloguard.detector.signals import (
+    SeriesKey,
+    SignalKey,
+    aggregate,
+    orderless,
+    signal_keys,
+)
 from sloguard.detector.worker import DetectorWorker
 from sloguard.store import WindowQuery
 from sloguard.store.incidents_db import IncidentStore
@@ -240,6 +246,8 @@ class Engine(AlertLifecycle):
         start_ns = now_ns - int(spec.window * 1e9)
         if spec.aggregate == "last":  # the common gauge case, without copying any window
             return subscription.last(start_ns, now_ns + 1)
+        if orderless(spec.aggregate):  # max, mean, p99...: nor this one
+            return subscription.reduce(start_ns, now_ns + 1, spec.aggregate)
         window = subscription.window(start_ns, now_ns + 1)
         return {key: aggregate(times, values, spec.aggregate)
                 for key, (times, values) in window.items()}

@@ -31,6 +31,22 @@ def signal_keys(rule: LoadedRule) -> list[SignalKey]:
                                    for kind, index, _ in rule.spec.conditions)]
 
 
+def orderless(how: str) -> bool:
+    """Whether the aggregate needs the window's values only, in any order (not their times nor
+    their order of arrival): Subscription.reduce then computes it without copying the window."""
+    return how not in ("rate", "first", "last")
+
+
+def aggregate_values(values: Sequence[float], how: str) -> float:
+    """`aggregate` for an orderless `how`, from the values alone (the same arithmetic)."""
+    total = sum(values)
+    if total != total:  # a NaN inside (or inf - inf): filter, rarely needed
+        values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return math.nan
+    return _orderless(values, how)
+
+
 def aggregate(times: Sequence[int], values: Sequence[float], how: str) -> float:
     """The rule's aggregate over one series' window; NaN when it cannot be computed."""
     total = sum(values)
@@ -39,6 +55,8 @@ def aggregate(times: Sequence[int], values: Sequence[float], how: str) -> float:
         times, values = [t for t, _ in pairs], [v for _, v in pairs]
     if not values:
         return math.nan
+    if how in ("first", "last"):
+        return values[0] if how == "first" else values[-1]
     if how == "rate":  # per-second increase of a counter, across resets (as Prometheus does)
         if len(values) < 2 or times[-1] <= times[0]:
             return math.nan
@@ -46,6 +64,10 @@ def aggregate(times: Sequence[int], values: Sequence[float], how: str) -> float:
         for before, after in itertools.pairwise(values):
             increase += after - before if after >= before else after  # a drop is a reset
         return increase / ((times[-1] - times[0]) / 1e9)
+    return _orderless(values, how)
+
+
+def _orderless(values: Sequence[float], how: str) -> float:
     if how == "mean":
         return math.fsum(values) / len(values)
     if how in ("min", "max"):
@@ -54,8 +76,6 @@ def aggregate(times: Sequence[int], values: Sequence[float], how: str) -> float:
         return math.fsum(values)
     if how == "count":
         return float(len(values))
-    if how in ("first", "last"):
-        return values[0] if how == "first" else values[-1]
     q = 0.5 if how == "median" else parse_percentile(how)
     ordered = sorted(values)  # linear interpolation, as numpy's and pandas' default
     pos = (len(ordered) - 1) * q

@@ -6,6 +6,7 @@ from the cluster or a rule file and is escaped by Jinja2's autoescaping.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -356,7 +357,7 @@ def create_app(agent: NodeView, manage_lifecycle: bool = True) -> FastAPI:
                           "spec": p.spec.model_dump(exclude_defaults=False)} for p in loaded],
             "file_errors": file_errors,
             "errors": errors,
-            "in_force": [vars(r) for r in agent.ledger.rungs()],
+            "in_force": [dataclasses.asdict(r) for r in agent.ledger.rungs()],
             "levers": {kind: {"tried": tried, "worked": worked}
                        for kind, (tried, worked) in agent.ledger.lever_stats().items()},
         }
