@@ -67,13 +67,30 @@ def aggregate(times: Sequence[int], values: Sequence[float], how: str) -> float:
     return _orderless(values, how)
 
 
+_SCALE = 2.0**-64  # what brings any number of floats' partial sums within the float range
+
+
+def _fsum(values: Sequence[float], divisor: int = 1) -> float:
+    """math.fsum(values) / divisor, without fsum's exceptions: a pusher may send any finite
+    float, and fsum raised on two points of 1e308 (intermediate overflow) or on inf and -inf,
+    which failed the rule for every series it watches for as long as the points stayed in its
+    window (tests/test_aggregate_extremes.py). The usual case is fsum's result to the bit;
+    past the float range it is +-inf (as sum() gives), and inf - inf is NaN."""
+    try:
+        return math.fsum(values) / divisor
+    except OverflowError:  # scaled down, the partial sums fit (a power of two: no rounding)
+        return math.fsum(v * _SCALE for v in values) / divisor / _SCALE
+    except ValueError:  # inf and -inf
+        return math.nan
+
+
 def _orderless(values: Sequence[float], how: str) -> float:
     if how == "mean":
-        return math.fsum(values) / len(values)
+        return _fsum(values, len(values))
     if how in ("min", "max"):
         return min(values) if how == "min" else max(values)
     if how == "sum":
-        return math.fsum(values)
+        return _fsum(values)
     if how == "count":
         return float(len(values))
     q = 0.5 if how == "median" else parse_percentile(how)
