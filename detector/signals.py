@@ -98,4 +98,12 @@ def _orderless(values: Sequence[float], how: str) -> float:
     pos = (len(ordered) - 1) * q
     low = math.floor(pos)
     high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+    below, above, t = ordered[low], ordered[high], pos - low
+    if t == 0 or below == above:
+        return below
+    step = above - below
+    if math.isfinite(step):
+        return below + step * t
+    # -1e308 and 1e308 (a pusher may send any finite float), or an infinity: the difference
+    # overflows and inf * 0 gave NaN; weighted, the answer is what lies between them
+    return below * (1 - t) + above * t

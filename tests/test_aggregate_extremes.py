@@ -2,7 +2,9 @@
 finite float, and `math.fsum` raised on two points of 1e308 (intermediate overflow) or on inf
 and -inf. The exception failed the whole rule, so one pushed series blinded it for every other
 series it watches (`mean` is the default aggregate) for as long as the points stayed in its
-window. These tests fail if mean or sum raise, or if the normal case changes by one bit."""
+window. A percentile between -1e308 and 1e308, or of two infinities, was NaN (inf * 0). These
+tests fail if mean or sum raise, if a percentile there is NaN, or if the normal case changes by
+one bit."""
 
 from __future__ import annotations
 
@@ -37,6 +39,31 @@ def test_mean_and_sum_of_extremes(values, mean, total):
         sub = Subscription(parse_selector("m"), "f", 10 * S)
         sub.series[(("s", "x"),)] = deque((t * S, v) for t, v in zip(times, values, strict=True))
         assert repr(sub.reduce(0, 10 * S, how)) == repr({(("s", "x"),): got})
+
+
+@pytest.mark.parametrize(("values", "how", "expected"), [
+    ([-BIG, BIG], "median", 0.0),
+    ([-BIG, BIG], "p90", 0.8 * BIG),
+    ([math.inf, math.inf], "median", math.inf),
+    ([1.0, math.inf], "p50", math.inf),
+    ([-math.inf, 1.0, 2.0], "p99", 1.98),
+])
+def test_a_percentile_between_extremes_is_a_number_between_them(values, how, expected):
+    got = aggregate(list(range(len(values))), values, how)
+    assert got == expected or math.isclose(got, expected, rel_tol=1e-12), (how, got, expected)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_ordinary_percentiles_are_interpolated_as_before(seed):
+    rng = random.Random(seed)
+    values = [rng.gauss(0, 10) for _ in range(rng.randrange(1, 40))]
+    ordered = sorted(values)
+    for how, q in (("median", 0.5), ("p90", 0.9), ("p99", 0.99), ("p10", 0.1)):
+        pos = (len(ordered) - 1) * q
+        low = math.floor(pos)
+        high = min(low + 1, len(ordered) - 1)
+        before = ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+        assert repr(aggregate(list(range(len(values))), values, how)) == repr(before)
 
 
 def test_ordinary_values_are_summed_as_fsum_does():
