@@ -569,9 +569,9 @@ class AnomalyLikelihoodBatch(SlotArrays):
                 novelty = np.where(novel, np.minimum(1.0, self.threshold
                                                      + excess / self.novelty_span), 1.0)
         keys = self._keys(xs, width)
-        near, here = self._near(slots, keys)
+        near, here, at = self._near(slots, keys)
         share = near / self._total[every]
-        self._learn(slots, keys, here)
+        self._learn(slots, keys, here, at)
         raw = np.maximum(0.0, 1.0 - share / self.rarity)
         ring = self._raws[every]
         together = bool((ring == ring[0]).all())  # the usual case: every slot at the same place
@@ -751,16 +751,22 @@ class AnomalyLikelihoodBatch(SlotArrays):
             if len(far):
                 self._learn(far, keys[~fits, column])
 
-    def _near(self, slots: Any, keys: Any) -> tuple[Any, Any]:
+    def _near(self, slots: Any, keys: Any) -> tuple[Any, Any, Any]:
         """Weight within `radius` bins of each key (AnomalyLikelihood._share's sum), and in
-        the key's own bin (what learning it adds to, read once)."""
+        the key's own bin (what learning it adds to, read once); and where in `_flat` that
+        bin is when every slot is dense and every key inside its row (else None), so that
+        learning need not check and find it again."""
         import numpy as np
 
         every = self._every(slots)
         column = keys - self._offset[every]
-        # beyond these a key's neighbours are all padding (a dict slot's row is empty)
-        np.maximum(column, -self.radius - 1, out=column)
-        np.minimum(column, self._row + self.radius, out=column)
+        dense = self._dense[every]
+        everyone = bool(dense.all())
+        inside = everyone and column.min() >= 0 and column.max() < self._row
+        if not inside:
+            # beyond these a key's neighbours are all padding (a dict slot's row is empty)
+            np.maximum(column, -self.radius - 1, out=column)
+            np.minimum(column, self._row + self.radius, out=column)
         at = self._base[every] + column.astype(np.int64)
         flat = self._flat
         here = flat[at]
@@ -770,17 +776,17 @@ class AnomalyLikelihoodBatch(SlotArrays):
                 near += here if step == 0 else flat[at + step]
         else:
             near = here.copy()
-        dense = self._dense[every]
-        if not dense.all():
+        if not everyone:
             for i in np.flatnonzero(~dense).tolist():
                 counts, k = self._sparse[int(slots[i])], int(keys[i])
                 near[i] = sum(counts.get(j, 0.0)
                               for j in range(k - self.radius, k + self.radius + 1))
-        return near, here
+        return near, here, at if inside else None
 
-    def _learn(self, slots: Any, keys: Any, here: Any = None) -> None:
+    def _learn(self, slots: Any, keys: Any, here: Any = None, at: Any = None) -> None:
         """AnomalyLikelihood._learn of one value (its bin `keys`) for each of `slots`;
-        `here`, when given, is the weight of each key's bin, as _near read it."""
+        `here`, when given, is the weight of each key's bin, as _near read it, and `at`,
+        when given, where that bin is in `_flat` (every slot dense, every key in its row)."""
         import numpy as np
 
         every = self._every(slots)
@@ -789,23 +795,26 @@ class AnomalyLikelihoodBatch(SlotArrays):
         self._total[every] += scale
         learned = self._learned[every] + 1
         self._learned[every] = learned
-        column = keys - self._offset[every]
-        dense = self._dense[every]
-        outside = dense & ((column < 0) | (column >= self._row))
-        if outside.any():
-            self._move(slots[outside], keys[outside])
+        flat = self._flat
+        if at is None:
             column = keys - self._offset[every]
             dense = self._dense[every]
-            here = None
-        everyone = bool(dense.all())
-        if everyone:
-            at = self._base[every] + column.astype(np.int64)
-            added = scale
+            outside = dense & ((column < 0) | (column >= self._row))
+            if outside.any():
+                self._move(slots[outside], keys[outside])
+                column = keys - self._offset[every]
+                dense = self._dense[every]
+                here = None
+            everyone = bool(dense.all())
+            if everyone:
+                at = self._base[every] + column.astype(np.int64)
+                added = scale
+            else:
+                at = self._base[slots[dense]] + column[dense].astype(np.int64)
+                added = scale[dense]
+            weight = here if everyone and here is not None else flat[at]
         else:
-            at = self._base[slots[dense]] + column[dense].astype(np.int64)
-            added = scale[dense]
-        flat = self._flat
-        weight = here if everyone and here is not None else flat[at]
+            everyone, added, weight = True, scale, here
         flat[at] = weight + added
         if everyone:
             self._distinct[every] += weight == 0
