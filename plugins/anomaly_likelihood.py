@@ -282,7 +282,7 @@ class SlotArrays:
     buffer with room for more. When a batch needs more slots than its room, every buffer is
     reallocated 1.5 times larger (amortised, a slot is copied two to three times in all); a
     batch whose series count rises by a few each tick would otherwise copy every slot each
-    tick (1,850 bytes a slot for anomaly_likelihood: 185 MB a tick at 100,000 series). The room
+    tick (1,858 bytes a slot for anomaly_likelihood: 186 MB a tick at 100,000 series). The room
     is kept here rather than as NaN slots in the engine's `Slots`: the arrays an update sweeps
     are those of the slots in use, so a tick costs what it did before, while slots beyond
     `_size`, never written, cost only address space until used (buffers are `np.empty`, and a
@@ -408,12 +408,15 @@ class AnomalyLikelihoodBatch(SlotArrays):
 
     The arithmetic is the per-series detector's (river's EWMean and EWVar recurrences
     included), but for two sums that differ by a few units in the last place: the recent raw
-    scores are summed in ring order rather than oldest first, and the total weight after a
-    pruning in bin order rather than in the dict's order.
+    scores are summed in ring order rather than oldest first, afresh once a ring (and every
+    tick for the slots of a block not all at the same place in their rings) and as a running
+    sum in between (less the score leaving the ring, plus the new one: its rounding is
+    forgotten at the next fresh sum), and the total weight after a pruning in bin order rather
+    than in the dict's order.
 
-    Memory: 8 x (4 x `bins` + 4 x `radius` + 3 + `average`) + 114 bytes per slot, and 8 x
+    Memory: 8 x (4 x `bins` + 4 x `radius` + 3 + `average`) + 122 bytes per slot, and 8 x
     `warmup` more when the warm-up is longer than a row (else its values live in the bin row
-    until the bin width is set): 1,850 bytes with the defaults, plus a dict of at most
+    until the bin width is set): 1,858 bytes with the defaults, plus a dict of at most
     4 x `bins` + 1 bins for a slot spread too far for its row; the buffers keep room for up
     to half as many slots again (SlotArrays), address space until used, and are cut back to
     the slots in use by `compact`. Cost per tick:
@@ -445,7 +448,8 @@ class AnomalyLikelihoodBatch(SlotArrays):
             "_seen": (np.int64, 0), "_width": (float, 0.0), "_offset": (np.int64, 0),
             "_low": (float, math.inf), "_high": (float, -math.inf),
             "_distinct": (np.int64, 0), "_total": (float, 0.0), "_scale": (float, 1.0),
-            "_learned": (np.int64, 0), "_raws": (np.int64, 0), "_mean": (float, 0.0),
+            "_learned": (np.int64, 0), "_raws": (np.int64, 0), "_sum": (float, 0.0),
+            "_mean": (float, 0.0),
             "_square": (float, 0.0), "_judged": (np.int64, 0), "_red": (bool, False),
             "level": (float, 0.0), "_dense": (bool, True),
         }
@@ -575,15 +579,24 @@ class AnomalyLikelihoodBatch(SlotArrays):
         raw = np.maximum(0.0, 1.0 - share / self.rarity)
         ring = self._raws[every]
         together = bool((ring == ring[0]).all())  # the usual case: every slot at the same place
-        if together:
-            self._raw[int(ring[0]) % self.average, every] = raw
-        else:
-            self._raw[ring % self.average, slots] = raw
+        place = int(ring[0]) % self.average
+        if together and place:
+            # a running sum between the ring's wraps: reading the whole ring each tick was about
+            # a twelfth of a tick (benchmarks/detector_throughput.py, A/B)
+            total = self._sum[every] - self._raw[place, every]
+            total += raw
+            self._raw[place, every] = raw
+        else:  # the sum afresh, in ring order, once a ring (or slots at different places)
+            if together:
+                self._raw[place, every] = raw
+            else:
+                self._raw[ring % self.average, slots] = raw
+            kept = self._raw[:, every]
+            total = kept[0].copy()
+            for row in kept[1:]:
+                total += row
+        self._sum[every] = total
         self._raws[every] = ring = ring + 1
-        kept = self._raw[:, every]
-        total = kept[0].copy()
-        for row in kept[1:]:
-            total += row
         if together and ring[0] >= self.average:
             recent = total / self.average
         else:
