@@ -581,8 +581,9 @@ class AnomalyLikelihoodBatch(SlotArrays):
         together = bool((ring == ring[0]).all())  # the usual case: every slot at the same place
         place = int(ring[0]) % self.average
         if together and place:
-            # a running sum between the ring's wraps: reading the whole ring each tick was about
-            # a twelfth of a tick (benchmarks/detector_throughput.py, A/B)
+            # a running sum between the ring's wraps: it reads the leaving row and the sum where
+            # the sum afresh reads all `average` rows (benchmarks/detector_throughput.py's
+            # batch, old and new alternated: 0.96x a tick at 100,000 series)
             total = self._sum[every] - self._raw[place, every]
             total += raw
             self._raw[place, every] = raw
