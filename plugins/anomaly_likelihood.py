@@ -282,7 +282,7 @@ class SlotArrays:
     buffer with room for more. When a batch needs more slots than its room, every buffer is
     reallocated 1.5 times larger (amortised, a slot is copied two to three times in all); a
     batch whose series count rises by a few each tick would otherwise copy every slot each
-    tick (1,850 bytes a slot for anomaly_likelihood: 185 MB a tick at 100,000 series). The room
+    tick (1,858 bytes a slot for anomaly_likelihood: 186 MB a tick at 100,000 series). The room
     is kept here rather than as NaN slots in the engine's `Slots`: the arrays an update sweeps
     are those of the slots in use, so a tick costs what it did before, while slots beyond
     `_size`, never written, cost only address space until used (buffers are `np.empty`, and a
@@ -408,12 +408,15 @@ class AnomalyLikelihoodBatch(SlotArrays):
 
     The arithmetic is the per-series detector's (river's EWMean and EWVar recurrences
     included), but for two sums that differ by a few units in the last place: the recent raw
-    scores are summed in ring order rather than oldest first, and the total weight after a
-    pruning in bin order rather than in the dict's order.
+    scores are summed in ring order rather than oldest first, afresh once a ring (and every
+    tick for the slots of a block not all at the same place in their rings) and as a running
+    sum in between (less the score leaving the ring, plus the new one: its rounding is
+    forgotten at the next fresh sum), and the total weight after a pruning in bin order rather
+    than in the dict's order.
 
-    Memory: 8 x (4 x `bins` + 4 x `radius` + 3 + `average`) + 114 bytes per slot, and 8 x
+    Memory: 8 x (4 x `bins` + 4 x `radius` + 3 + `average`) + 122 bytes per slot, and 8 x
     `warmup` more when the warm-up is longer than a row (else its values live in the bin row
-    until the bin width is set): 1,850 bytes with the defaults, plus a dict of at most
+    until the bin width is set): 1,858 bytes with the defaults, plus a dict of at most
     4 x `bins` + 1 bins for a slot spread too far for its row; the buffers keep room for up
     to half as many slots again (SlotArrays), address space until used, and are cut back to
     the slots in use by `compact`. Cost per tick:
@@ -445,7 +448,8 @@ class AnomalyLikelihoodBatch(SlotArrays):
             "_seen": (np.int64, 0), "_width": (float, 0.0), "_offset": (np.int64, 0),
             "_low": (float, math.inf), "_high": (float, -math.inf),
             "_distinct": (np.int64, 0), "_total": (float, 0.0), "_scale": (float, 1.0),
-            "_learned": (np.int64, 0), "_raws": (np.int64, 0), "_mean": (float, 0.0),
+            "_learned": (np.int64, 0), "_raws": (np.int64, 0), "_sum": (float, 0.0),
+            "_mean": (float, 0.0),
             "_square": (float, 0.0), "_judged": (np.int64, 0), "_red": (bool, False),
             "level": (float, 0.0), "_dense": (bool, True),
         }
@@ -569,21 +573,31 @@ class AnomalyLikelihoodBatch(SlotArrays):
                 novelty = np.where(novel, np.minimum(1.0, self.threshold
                                                      + excess / self.novelty_span), 1.0)
         keys = self._keys(xs, width)
-        near, here = self._near(slots, keys)
+        near, here, at = self._near(slots, keys)
         share = near / self._total[every]
-        self._learn(slots, keys, here)
+        self._learn(slots, keys, here, at)
         raw = np.maximum(0.0, 1.0 - share / self.rarity)
         ring = self._raws[every]
         together = bool((ring == ring[0]).all())  # the usual case: every slot at the same place
-        if together:
-            self._raw[int(ring[0]) % self.average, every] = raw
-        else:
-            self._raw[ring % self.average, slots] = raw
+        place = int(ring[0]) % self.average
+        if together and place:
+            # a running sum between the ring's wraps: it reads the leaving row and the sum where
+            # the sum afresh reads all `average` rows (benchmarks/detector_throughput.py's
+            # batch, old and new alternated: 0.96x a tick at 100,000 series)
+            total = self._sum[every] - self._raw[place, every]
+            total += raw
+            self._raw[place, every] = raw
+        else:  # the sum afresh, in ring order, once a ring (or slots at different places)
+            if together:
+                self._raw[place, every] = raw
+            else:
+                self._raw[ring % self.average, slots] = raw
+            kept = self._raw[:, every]
+            total = kept[0].copy()
+            for row in kept[1:]:
+                total += row
+        self._sum[every] = total
         self._raws[every] = ring = ring + 1
-        kept = self._raw[:, every]
-        total = kept[0].copy()
-        for row in kept[1:]:
-            total += row
         if together and ring[0] >= self.average:
             recent = total / self.average
         else:
@@ -751,16 +765,22 @@ class AnomalyLikelihoodBatch(SlotArrays):
             if len(far):
                 self._learn(far, keys[~fits, column])
 
-    def _near(self, slots: Any, keys: Any) -> tuple[Any, Any]:
+    def _near(self, slots: Any, keys: Any) -> tuple[Any, Any, Any]:
         """Weight within `radius` bins of each key (AnomalyLikelihood._share's sum), and in
-        the key's own bin (what learning it adds to, read once)."""
+        the key's own bin (what learning it adds to, read once); and where in `_flat` that
+        bin is when every slot is dense and every key inside its row (else None), so that
+        learning need not check and find it again."""
         import numpy as np
 
         every = self._every(slots)
         column = keys - self._offset[every]
-        # beyond these a key's neighbours are all padding (a dict slot's row is empty)
-        np.maximum(column, -self.radius - 1, out=column)
-        np.minimum(column, self._row + self.radius, out=column)
+        dense = self._dense[every]
+        everyone = bool(dense.all())
+        inside = everyone and column.min() >= 0 and column.max() < self._row
+        if not inside:
+            # beyond these a key's neighbours are all padding (a dict slot's row is empty)
+            np.maximum(column, -self.radius - 1, out=column)
+            np.minimum(column, self._row + self.radius, out=column)
         at = self._base[every] + column.astype(np.int64)
         flat = self._flat
         here = flat[at]
@@ -770,17 +790,17 @@ class AnomalyLikelihoodBatch(SlotArrays):
                 near += here if step == 0 else flat[at + step]
         else:
             near = here.copy()
-        dense = self._dense[every]
-        if not dense.all():
+        if not everyone:
             for i in np.flatnonzero(~dense).tolist():
                 counts, k = self._sparse[int(slots[i])], int(keys[i])
                 near[i] = sum(counts.get(j, 0.0)
                               for j in range(k - self.radius, k + self.radius + 1))
-        return near, here
+        return near, here, at if inside else None
 
-    def _learn(self, slots: Any, keys: Any, here: Any = None) -> None:
+    def _learn(self, slots: Any, keys: Any, here: Any = None, at: Any = None) -> None:
         """AnomalyLikelihood._learn of one value (its bin `keys`) for each of `slots`;
-        `here`, when given, is the weight of each key's bin, as _near read it."""
+        `here`, when given, is the weight of each key's bin, as _near read it, and `at`,
+        when given, where that bin is in `_flat` (every slot dense, every key in its row)."""
         import numpy as np
 
         every = self._every(slots)
@@ -789,23 +809,26 @@ class AnomalyLikelihoodBatch(SlotArrays):
         self._total[every] += scale
         learned = self._learned[every] + 1
         self._learned[every] = learned
-        column = keys - self._offset[every]
-        dense = self._dense[every]
-        outside = dense & ((column < 0) | (column >= self._row))
-        if outside.any():
-            self._move(slots[outside], keys[outside])
+        flat = self._flat
+        if at is None:
             column = keys - self._offset[every]
             dense = self._dense[every]
-            here = None
-        everyone = bool(dense.all())
-        if everyone:
-            at = self._base[every] + column.astype(np.int64)
-            added = scale
+            outside = dense & ((column < 0) | (column >= self._row))
+            if outside.any():
+                self._move(slots[outside], keys[outside])
+                column = keys - self._offset[every]
+                dense = self._dense[every]
+                here = None
+            everyone = bool(dense.all())
+            if everyone:
+                at = self._base[every] + column.astype(np.int64)
+                added = scale
+            else:
+                at = self._base[slots[dense]] + column[dense].astype(np.int64)
+                added = scale[dense]
+            weight = here if everyone and here is not None else flat[at]
         else:
-            at = self._base[slots[dense]] + column[dense].astype(np.int64)
-            added = scale[dense]
-        flat = self._flat
-        weight = here if everyone and here is not None else flat[at]
+            everyone, added, weight = True, scale, here
         flat[at] = weight + added
         if everyone:
             self._distinct[every] += weight == 0
