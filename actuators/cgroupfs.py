@@ -127,6 +127,11 @@ class Guard:
         if parts not in self._holders and not any(
                 parts[:depth] in self._protected for depth in range(len(parts))):
             return None  # neither is nor holds nor lies under a protected cgroup
+        return self.compared_with_each(parts)
+
+    def compared_with_each(self, parts: tuple[str, ...]) -> str | None:
+        """`refusal` of a plain, non-root cgroup by comparing it with every protected one:
+        the answer the set lookups above must agree with (tests/test_cgroup_guard.py)."""
         for ls in self.protected:
             n = min(len(ls), len(parts))
             if parts[:n] != ls[:n]:

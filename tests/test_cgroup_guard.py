@@ -9,25 +9,16 @@ import random
 
 import pytest
 
-from sloguard.actuators.cgroupfs import Guard, path_name
+from sloguard.actuators.cgroupfs import Guard
 
 
 def _compared_one_by_one(guard: Guard, parts: tuple[str, ...] | None) -> str | None:
-    """Guard.refusal as it was written before the shortcut."""
+    """Guard.refusal without the set lookups: every cgroup compared with each protected one."""
     if parts is None:
         return "not a plain cgroup path"
     if not parts:
         return "the hierarchy root holds every workload"
-    for ls in guard.protected:
-        n = min(len(ls), len(parts))
-        if parts[:n] != ls[:n]:
-            continue
-        if len(parts) == len(ls):
-            return f"is the LS workload {path_name(ls)}"
-        if len(parts) > len(ls):
-            return f"lies under the LS workload {path_name(ls)}"
-        return f"holds the LS workload {path_name(ls)}"
-    return None
+    return guard.compared_with_each(parts)
 
 
 def _path(rng: random.Random) -> str:
