@@ -366,17 +366,19 @@ def test_a_lever_reads_a_file_whole_and_a_vanished_one_as_none(real_cgroups, tmp
     assert read_value(cpu / "no-such-file") is None
     assert read_value(cpu.parent / "pod-that-exited" / "cpu.shares") is None
     # a list file the kernel gives a line at a time, each read ending short of a page (a JVM's
-    # threads: resctrl moves them by `tasks`); one read gave 819 of 901 threads
+    # threads: resctrl moves them by `tasks`); one read gave 819 of 901 threads. 1,500 threads
+    # list past a page whatever their ids: on a fresh machine 901 ids of 3 and 4 digits were
+    # only 3,962 bytes (CI), and 1,500 are at least 900 x 4 + 600 x 5 = 6,600
     proc = real_cgroups.spawn(be, "import threading, time\n"
-                                  "for _ in range(900):\n"
+                                  "for _ in range(1500):\n"
                                   "    threading.Thread(target=time.sleep, args=(60,),"
                                   " daemon=True).start()\n"
                                   "print('ready', flush=True)\ntime.sleep(60)\n")
     deadline = time.monotonic() + 30
-    while len((cpu / "tasks").read_text().split()) < 901 and time.monotonic() < deadline:
+    while len((cpu / "tasks").read_text().split()) < 1501 and time.monotonic() < deadline:
         time.sleep(0.05)
     listed = (cpu / "tasks").read_text().split()
-    assert len(listed) == 901 and len((cpu / "tasks").read_text()) > 4096
+    assert len(listed) == 1501 and len((cpu / "tasks").read_text()) > 4096
     assert read_value(cpu / "tasks").split() == listed
     proc.kill()
 
