@@ -51,14 +51,17 @@ class Subscription:
                 self.match.clear()
             key = tuple(sorted(given)) if self.selector.matches(sample.tags) else None
             self.match[given] = key
-        if key is None:
-            return
+        if key is not None:
+            self.put(key, sample.time_ns, value)
+
+    def put(self, key: SeriesKey, time_ns: int, value: float) -> None:
+        """Append a point to series `key` (a number: the caller checked it)."""
         points = self.series.get(key)
         if points is None:
             points = self.series[key] = deque()
-        elif sample.time_ns < points[-1][0]:
+        elif time_ns < points[-1][0]:
             self.unordered.add(key)
-        points.append((sample.time_ns, float(value)))
+        points.append((time_ns, float(value)))
 
     def prune(self, latest_ns: int) -> None:
         """Drop points that left the window. Every few seconds, not every tick: `window` filters
@@ -221,16 +224,10 @@ class RecentWindows:
             if route is None:
                 route = self._route(sample, given)
             time_ns, fields = sample.time_ns, sample.fields
-            for sub, key in route:  # Subscription.offer, inlined
+            for sub, key in route:  # Subscription.offer, its match already routed
                 value = fields.get(sub.field)
-                if value is None or isinstance(value, str | bool):
-                    continue
-                points = sub.series.get(key)
-                if points is None:
-                    points = sub.series[key] = deque()
-                elif time_ns < points[-1][0]:
-                    sub.unordered.add(key)
-                points.append((time_ns, float(value)))
+                if value is not None and not isinstance(value, str | bool):
+                    sub.put(key, time_ns, value)
             if time_ns > newest:
                 newest = time_ns
         if now_ns is not None:
