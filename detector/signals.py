@@ -49,6 +49,8 @@ def aggregate_values(values: Sequence[float], how: str) -> float:
 
 def aggregate(times: Sequence[int], values: Sequence[float], how: str) -> float:
     """The rule's aggregate over one series' window; NaN when it cannot be computed."""
+    if orderless(how):
+        return aggregate_values(values, how)
     total = sum(values)
     if total != total:  # a NaN inside (or inf - inf): filter, rarely needed
         pairs = [(t, v) for t, v in zip(times, values, strict=True) if not math.isnan(v)]
@@ -57,14 +59,13 @@ def aggregate(times: Sequence[int], values: Sequence[float], how: str) -> float:
         return math.nan
     if how in ("first", "last"):
         return values[0] if how == "first" else values[-1]
-    if how == "rate":  # per-second increase of a counter, across resets (as Prometheus does)
-        if len(values) < 2 or times[-1] <= times[0]:
-            return math.nan
-        increase = 0.0
-        for before, after in itertools.pairwise(values):
-            increase += after - before if after >= before else after  # a drop is a reset
-        return increase / ((times[-1] - times[0]) / 1e9)
-    return _orderless(values, how)
+    # rate: the per-second increase of a counter, across resets (as Prometheus does)
+    if len(values) < 2 or times[-1] <= times[0]:
+        return math.nan
+    increase = 0.0
+    for before, after in itertools.pairwise(values):
+        increase += after - before if after >= before else after  # a drop is a reset
+    return increase / ((times[-1] - times[0]) / 1e9)
 
 
 _SCALE = 2.0**-64  # what brings any number of floats' partial sums within the float range
