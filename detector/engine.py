@@ -17,7 +17,6 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -170,6 +169,7 @@ class Engine(AlertLifecycle):
         self._retry_saves()
         active_rules = self.rules.rules
         keys = {rule.key for rule in active_rules}
+        steps: list[tuple[LoadedRule, RuleStatus, dict, _Step, float]] = []
         for rule in active_rules:
             if arrived is not None and not (
                     rule.spec.on_arrival and rule.spec.selector.measurement in arrived):
@@ -192,20 +192,23 @@ class Engine(AlertLifecycle):
             started = time.perf_counter()
             try:
                 values = self._values(rule, now_ns)
-                self._step_rule(rule, values, now_ns)
+                step = self._prepare(rule, values, now_ns)
             except Exception as exc:  # one broken rule must not stop the others
-                self._causes.pop(rule.key, None)
-                status.error = f"{exc.__class__.__name__}: {exc}"
-                log.warning("rule %s failed: %s", rule.key, status.error)
-                self.on_evaluation(rule.key, "error")
+                self._judged(rule, status, now_ns, started, exc)
+                continue
+            steps.append((rule, status, values, step, time.perf_counter() - started))
+        # Every rule's detector code in one hand-over to the worker (DetectorWorker.run_each),
+        # then each rule's alerts stepped in the rules' order, as one rule at a time did.
+        outcomes = self._guarded([(rule, step) for rule, _, _, step, _ in steps if step.run])
+        for rule, status, values, step, spent in steps:
+            outcome = outcomes.get(rule.key)
+            started = time.perf_counter() - spent - (outcome[2] if outcome else 0.0)
+            try:
+                self._step_rule(rule, step, outcome, now_ns)
+            except Exception as exc:  # one broken rule must not stop the others
+                self._judged(rule, status, now_ns, started, exc)
             else:
-                self._hung.pop(rule.key, None)
-                status.error = self._series_errors.pop(rule.key, "")
-                status.series = len(values)
-                self.on_evaluation(rule.key, "error" if status.error else "ok")
-            status.evaluations += 1
-            status.last_eval_ns = now_ns
-            status.last_duration_s = time.perf_counter() - started
+                self._judged(rule, status, now_ns, started, None, len(values))
         if arrived is not None or only is not None:
             return  # the tick's own evaluation, within a second, does the bookkeeping
         if not self.rules.errors:  # a rule gone from cleanly loaded files: end its incidents
@@ -278,7 +281,27 @@ class Engine(AlertLifecycle):
         self.windows.retain(subscriptions)
         return loaded
 
-    def _step_rule(self, rule: LoadedRule, values: dict[SeriesKey, float], now_ns: int) -> None:
+    def _judged(self, rule: LoadedRule, status: RuleStatus, now_ns: int, started: float,
+                exc: Exception | None, series: int = 0) -> None:
+        """A rule's evaluation done: its status, and the evaluation counted ok or error."""
+        if exc is not None:
+            self._causes.pop(rule.key, None)
+            status.error = f"{exc.__class__.__name__}: {exc}"
+            log.warning("rule %s failed: %s", rule.key, status.error)
+            self.on_evaluation(rule.key, "error")
+        else:
+            self._hung.pop(rule.key, None)
+            status.error = self._series_errors.pop(rule.key, "")
+            status.series = series
+            self.on_evaluation(rule.key, "error" if status.error else "ok")
+        status.evaluations += 1
+        status.last_eval_ns = now_ns
+        status.last_duration_s = time.perf_counter() - started
+
+    def _prepare(self, rule: LoadedRule, values: dict[SeriesKey, float],
+                 now_ns: int) -> _Step:
+        """What the rule's detectors are to judge this evaluation, and the code that judges it
+        (on the worker), before any of it runs."""
         open_series = {s for (k, s) in self.states if k == rule.key}
         silent = open_series - values.keys()  # open alerts whose series sent nothing: NaN
         inputs = {**values, **dict.fromkeys(silent, math.nan)} if silent else values
@@ -293,21 +316,29 @@ class Engine(AlertLifecycle):
         def run() -> list[tuple[Any, Any, list[str]]]:
             return [plan.run(self.registry, now_ns) for plan in plans]
 
-        if any(inputs for _, _, inputs in jobs):
-            try:
-                results = self._guarded(rule, run, now_ns)
-            except Exception:
+        # No series in any of its signals: no detector code to run, so nothing for the worker
+        # (most shipped rules have no series on a node without LS pods or eBPF:
+        # `benchmarks/agent_tick.py --cgroups 0`)
+        needed = any(inputs for _, _, inputs in jobs)
+        return _Step(jobs, plans, open_series, run if needed else None)
+
+    def _step_rule(self, rule: LoadedRule, step: _Step,
+                   outcome: tuple[bool, Any, float] | None, now_ns: int) -> None:
+        """The rule's alerts stepped on what its detectors judged (`outcome` of `step.run` on
+        the worker: (True, results, seconds), or (False, the exception, seconds))."""
+        jobs, plans, open_series = step.jobs, step.plans, step.open_series
+        if step.run is None:
+            results = [plan.without_series() for plan in plans]
+        else:
+            assert outcome is not None
+            ok, results, _ = outcome
+            if not ok:
                 # A batch, or a series' detector, may have been left half-updated, and a worker
                 # cut off at its deadline may still be updating them: start those afresh.
                 for key, _, _ in jobs:
                     self._batches.pop(key, None)
                     self._detectors.pop(key, None)
-                raise
-        else:
-            # No series in any of its signals: no detector code to run, so no round trip to
-            # the worker (~30 us of CPU each; most shipped rules have no series on a node
-            # without LS pods or eBPF: `benchmarks/agent_tick.py --cgroups 0`)
-            results = [plan.without_series() for plan in plans]
+                raise results
         judged_all: list[Judged] = []
         failures: list[str] = []
         for plan, (built, judged, failed) in zip(plans, results, strict=True):
@@ -379,31 +410,51 @@ class Engine(AlertLifecycle):
                  if entry is None or (entry[0] is not spec and entry[0] != spec)}
         return PerSeries(key, spec, inputs, known, build)
 
-    def _guarded(self, rule: LoadedRule, run: Callable[[], Any], now_ns: int) -> Any:
-        """Run the rule's detector code on the worker, cut off after `timeout_s`.
+    def _guarded(self, steps: list[tuple[LoadedRule, _Step]]
+                 ) -> dict[str, tuple[bool, Any, float]]:
+        """Run the rules' detector code on the worker, each rule's cut off after `timeout_s`:
+        rule key -> (True, results, seconds) or (False, exception, seconds).
 
         A rule cut off is backed off for HUNG_BACKOFF_S and then tried again (an agent starved
-        of CPU once must not lose a rule for good); its worker is abandoned.
+        of CPU once must not lose a rule for good); its worker is abandoned, and the rules
+        after it go to a new one.
         """
-        if self._worker is None:
-            self._worker = DetectorWorker()
-        worker = self._worker
-        try:
-            return worker.run(run, self.timeout_s)
-        except FutureTimeout:
-            worker.abandon()
-            self._worker = None
+        outcomes: dict[str, tuple[bool, Any, float]] = {}
+        while steps:
+            if self._worker is None:
+                self._worker = DetectorWorker()
+            worker = self._worker
+            done, cut = worker.run_each([step.run for _, step in steps], self.timeout_s)
+            for (rule, _), outcome in zip(steps, done, strict=False):
+                outcomes[rule.key] = outcome
+            if cut is None:
+                break
+            self._worker = None  # run_each abandoned it
+            rule = steps[cut][0]
             retry = self._mono_ns + int(HUNG_BACKOFF_S * 1e9)
             self._hung[rule.key] = (rule.spec, retry, worker)
-            raise TimeoutError(
+            outcomes[rule.key] = (False, TimeoutError(
                 f"detector {rule.spec.detector!r} took longer than {self.timeout_s:g}s; "
                 f"rule skipped for {HUNG_BACKOFF_S:g}s, then tried again once that code "
-                "has returned") from None
+                "has returned"), self.timeout_s)
+            steps = steps[cut + 1:]
+        return outcomes
 
     @property
     def stuck_workers(self) -> int:
         """Detector workers cut off at their deadline whose plugin code has not returned."""
         return sum(1 for _, _, worker in self._hung.values() if worker.stuck)
+
+
+@dataclass(slots=True)
+class _Step:
+    """One rule's evaluation between its preparation and its alerts' step: `run` is its
+    detector code for the worker (None: no series, nothing to run)."""
+
+    jobs: list[tuple[SignalKey, Any, dict[SeriesKey, float]]]
+    plans: list[Any]
+    open_series: set[SeriesKey]
+    run: Callable[[], list[tuple[Any, Any, list[str]]]] | None
 
 
 def _still_there(judged: Judged) -> bool | None:

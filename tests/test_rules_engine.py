@@ -303,14 +303,14 @@ def test_a_rule_without_series_runs_no_detector_code(tmp_path, monkeypatch, batc
     evaluated, and fires and resolves as before once its series come and go."""
     from sloguard.detector.worker import DetectorWorker
 
-    runs: list[int] = []
-    real_run = DetectorWorker.run
+    runs: list[int] = []  # one per rule's detector code handed over
+    real_run = DetectorWorker.run_each
 
-    def counted(self, work, timeout_s):
-        runs.append(1)
-        return real_run(self, work, timeout_s)
+    def counted(self, works, timeout_s):
+        runs.extend(1 for _ in works)
+        return real_run(self, works, timeout_s)
 
-    monkeypatch.setattr(DetectorWorker, "run", counted)
+    monkeypatch.setattr(DetectorWorker, "run_each", counted)
     h = _Harness(tmp_path, batches=batches)
     for second in range(3):
         h.at(second, None)
