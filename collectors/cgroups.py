@@ -19,6 +19,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sloguard.collectors.base import CollectorBase, CollectorContext
 from sloguard.collectors.config import CgroupCollectorConfig
@@ -83,6 +84,7 @@ class _OpenFiles:
         limit = soft if soft != resource.RLIM_INFINITY else 1 << 20
         self.budget = max(0, min(limit - 512, 200_000)) if hold else 0
         self.fds: dict[str, int] = {}
+        self._parsed: dict[str, tuple[bytes, Any]] = {}  # path -> (bytes read, their parse)
 
     def read(self, path: str) -> bytes | None:
         fd = self.fds.get(path)
@@ -100,14 +102,37 @@ class _OpenFiles:
             self.close(path)
             return None
 
+    def parsed(self, path: str, parse: Callable[[bytes], Any]) -> Any:
+        """`parse` of the file's content, or None when it is gone; the same object as
+        the last time while the file reads the same bytes, so callers must not change it.
+
+        Most of a node's pressure files (and the cpu.stat of an idle container) read the same
+        from one tick to the next: the memory and io stall totals of a container that did not
+        stall, every figure of one that did not run. Parsing them again was a tenth of the
+        collection of 100 cgroups (benchmarks/agent_tick.py, "collect cgroups"; the measured
+        run is in docs/performance.md)."""
+        data = self.read(path)
+        if data is None:
+            self._parsed.pop(path, None)
+            return None
+        last = self._parsed.get(path)
+        if last is not None and last[0] == data:
+            return last[1]
+        value = parse(data)
+        self._parsed[path] = (data, value)
+        return value
+
     def close(self, *paths: str | None) -> None:
         for path in paths:
+            if path:
+                self._parsed.pop(path, None)
             fd = self.fds.pop(path, None) if path else None
             if fd is not None:
                 os.close(fd)
 
     def close_all(self) -> None:
         self.close(*list(self.fds))
+        self._parsed.clear()
 
 
 # (inactive file cache, anonymous memory, page cache) keys of memory.stat.
@@ -430,10 +455,10 @@ class CgroupCollector(CollectorBase):
         8.5 ms a tick, the two alternated in one process; "collect cgroups" in
         benchmarks/agent_tick.py is this).
         """
-        read = self._files.read
+        read, parsed = self._files.read, self._files.parsed
         mono = time.monotonic_ns()
-        stat = read(item.cpu_stat) if item.cpu_stat else None
-        stat_kv = _kv(stat) if stat else {}
+        stat = parsed(item.cpu_stat, _kv) if item.cpu_stat else None  # None: gone
+        stat_kv = stat or {}
         usage_ns: int | None = None
         if item.cpu_usage_v2:
             if stat is None:
@@ -458,9 +483,9 @@ class CgroupCollector(CollectorBase):
             current["periods"], current["throttled"] = periods, throttled
         psi: list[tuple[str, dict[str, float]]] = []
         for res, path in item.psi.items():
-            data = read(path)
-            if data:
-                values = parse_psi(data)
+            values = parsed(path, parse_psi)
+            if values:
+                values = dict(values)  # the rates are added to it: the parse is shared
                 psi.append((res, values))
                 for total_key, counter, _ in _PSI_COUNTERS[res]:
                     total = values.get(total_key)

@@ -259,3 +259,43 @@ def test_memory_stat_is_read_every_memory_stat_every_and_usage_every_tick(tmp_pa
     assert due.fields["working_set_bytes"] == 209715200 - 104857600
     assert due.fields["rss_bytes"] == 1 and due.fields["cache_bytes"] == 2
     assert item.mem_stat_due - time.monotonic_ns() > 4 * 10**9  # a whole interval on
+
+
+def test_a_file_that_reads_the_same_is_not_parsed_again_and_its_parse_stays_clean(tmp_path):
+    """The collector keeps the parse of each file's last bytes (_OpenFiles.parsed): a file
+    that reads the same gives the same parse, a changed one is parsed again, and the rates the
+    collector adds to a PSI sample never end up in the kept parse (the next tick would carry
+    them)."""
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    _write_cgroup(tmp_path, "kubepods.slice", 1, 0, "max 100000")
+    _write_cgroup(tmp_path, POD, 1_000_000, 10)
+    collector = CgroupCollector(
+        "n", CgroupCollectorConfig(root=str(tmp_path), include=["kubepods.slice"]))
+    files, item = collector._files, None
+
+    def pressure(samples, resource):
+        return next(s for s in samples if s.measurement == "container_pressure"
+                    and s.tags["cgroup"] == "/" + POD and s.tags["resource"] == resource)
+
+    collector.collect(time.time_ns())
+    item = collector._tracked[POD]
+    kept = {res: files._parsed[path][1] for res, path in item.psi.items()}
+    item.prev_mono -= 10**9
+    samples = collector.collect(time.time_ns())
+    for res, path in item.psi.items():
+        assert files._parsed[path][1] is kept[res]  # the same bytes: not parsed again
+        assert "some_rate" not in kept[res] and "full_rate" not in kept[res]
+    assert pressure(samples, "memory").fields["some_rate"] == 0.0
+    assert pressure(samples, "cpu").fields["some_rate"] == 0.0  # the same total: no stall
+    _write_cgroup(tmp_path, POD, 1_400_000, 10)  # cpu.pressure some total +100,000 us
+    item.prev_mono -= 10**9
+    samples = collector.collect(time.time_ns())
+    cpu = pressure(samples, "cpu").fields
+    assert cpu["some_total"] == 350_000 and 9.0 < cpu["some_rate"] <= 10.0, cpu
+    assert files._parsed[item.psi["cpu"]][1] is not kept["cpu"]
+    assert files._parsed[item.psi["memory"]][1] is kept["memory"]
+    usage = next(s for s in samples if s.measurement == "container_cpu"
+                 and s.tags["cgroup"] == "/" + POD).fields
+    assert usage["usage_seconds_total"] == 1.4  # cpu.stat changed too: read afresh
+    collector.close()
+    assert not files._parsed
