@@ -54,6 +54,7 @@ from sloguard.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 ARRIVAL = object()  # in the loop's call queue: data has arrived for the on_arrival rules
+WAKE = object()  # in the loop's call queue: stop() wakes the loop from its wait at once
 CONFIRM_S = 0.1  # confirm_interference: BE's fresh sample covers at least this long
 
 RULE_RELOAD_S = 10.0
@@ -306,6 +307,7 @@ class Agent:
         """Stop the loop, write what is buffered, close the stores (SIGTERM path)."""
         self.supervisor.stop()  # first: threads that stop now are not restarted
         self._stop.set()
+        self._calls.put((WAKE, None))
         if self._thread is not None:
             self._thread.join(timeout=30)
         if self._thread is None or not self._thread.is_alive():  # the loop's alone till then
@@ -373,10 +375,16 @@ class Agent:
             left = end - now
             if left <= 0:
                 return  # an arrival still waiting for its floor: the tick evaluates it
-            timeout = min(left, 0.1) if arrival_at is None else min(left, arrival_at - now)
+            # no polling: stop() and every caller wake the loop through the queue. It woke ten
+            # times a second, and a timed wait's wake-up costs ~90 us of CPU on this VM (200 of
+            # them in a 20 s loop of timed waits: 18.4 ms, against 0.2 ms for 2): ~0.09% of a
+            # core, a twenty-fifth of the 100-cgroup agent's (agent_overhead.py)
+            timeout = left if arrival_at is None else min(left, arrival_at - now)
             try:
                 work, future = self._calls.get(timeout=max(timeout, 0.0))
             except queue.Empty:
+                continue
+            if work is WAKE:
                 continue
             if work is ARRIVAL:
                 arrival_at = max(now, self._last_arrival + self.settings.arrival_floor)
@@ -543,7 +551,7 @@ class Agent:
                 work, future = self._calls.get_nowait()
             except queue.Empty:
                 return
-            if work is ARRIVAL:
+            if work is ARRIVAL or work is WAKE:
                 continue  # this tick collects and evaluates it
             _run_one(work, future)
 
