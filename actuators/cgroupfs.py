@@ -62,7 +62,7 @@ def norm(value: str | None) -> str | None:
     return None if value is None else " ".join(value.split())
 
 
-def read_value(path: Path) -> str | None:
+def read_value(path: Path | str) -> str | None:
     """The file's content, or None when it (or its cgroup) is gone.
 
     Read with os.read, not a text-mode open(): a standing lever's full check reads two files
@@ -87,7 +87,7 @@ def read_value(path: Path) -> str | None:
     return data.decode().strip()
 
 
-def write_value(path: Path, value: str) -> None:
+def write_value(path: Path | str, value: str) -> None:
     """One write(2) of the whole value, never creating the file: a cgroup file that does not
     exist is a missing feature (an old kernel, a disabled controller), not something to make."""
     failpoints.hit("cgroup.write:before")
@@ -213,10 +213,16 @@ class Cgroups:
 
     def controller_dir(self, controller: str, parts: tuple[str, ...]) -> tuple[Path, str] | None:
         """(the cgroup's directory in the hierarchy holding `controller`, "v1" or "v2")."""
+        located = self.controller_path(controller, parts)
+        return None if located is None else (Path(located[0]), located[1])
+
+    def controller_path(self, controller: str, parts: tuple[str, ...]) -> tuple[str, str] | None:
+        """`controller_dir` as a string: a standing lever's full check asks for every BE cgroup
+        every few seconds, and Path objects were a third of it (see Changes.set)."""
         if controller in self.layout.v1:
-            return self.layout.v1[controller].joinpath(*parts), "v1"
+            return "/".join((str(self.layout.v1[controller]), *parts)), "v1"
         if self.layout.unified is not None:
-            return self.layout.unified.joinpath(*parts), "v2"
+            return "/".join((str(self.layout.unified), *parts)), "v2"
         return None
 
     def hierarchy_of(self, controller: str) -> Path | None:
@@ -290,33 +296,39 @@ class Changes:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def set(self, target: Target, parts: tuple[str, ...], path: Path, value: str,
-            also: Iterable[Path] = ()) -> str:
+    def set(self, target: Target, parts: tuple[str, ...], path: Path | str, value: str,
+            also: Iterable[Path | str] = ()) -> str:
         """Write `value` to `path` (a file of cgroup `parts`, for `target`).
 
         Returns "written", "kept" (already so), "gone" (the cgroup vanished), "absent" (no such
         file), "refused" (safety) or "error: ..." (the kernel said no; nothing recorded).
         `also`: files the kernel rewrites as a side effect (cpu.idle resets cpu.shares); their
         values from before are restored on undo.
+
+        Paths are handled as strings: a standing lever's full check calls this for every BE
+        cgroup every few seconds, and pathlib's objects were a third of it in a cProfile of
+        it (its time: benchmarks/agent_tick.py's last line).
         """
         why = self.refusal(target, parts)
         if why:
             self.refused.append(why)
             return "refused"
+        file = os.fspath(path)
+        name = file.rpartition("/")[2]
         try:
-            current = read_value(path)
+            current = read_value(file)
         except OSError as exc:
             return f"error: {exc.strerror or exc}"
         if current is None:  # the cgroup gone, or only the file (an old kernel, a controller)
-            if not path.parent.is_dir():
+            if not os.path.isdir(os.path.dirname(file)):
                 self.lines.append(f"{path_name(parts)}: gone")
                 return "gone"
             return "absent"
-        earlier = next((r for r in self._earlier.get(str(path), [])
+        earlier = next((r for r in self._earlier.get(file, [])
                         if norm(r["wrote"]) == norm(current)), None)
         if earlier is None and norm(current) == norm(value):
             self.kept += 1
-            self.lines.append(f"{path_name(parts)}: {path.name} already {current}")
+            self.lines.append(f"{path_name(parts)}: {name} already {current}")
             return "kept"
         original = earlier["old"] if earlier else current
         side = dict(earlier.get("also", {})) if earlier else {}
@@ -324,33 +336,33 @@ class Changes:
             for other in also:
                 old = read_value(other)
                 if old is not None:
-                    side[str(other)] = old
+                    side[os.fspath(other)] = old
         if self.ctx.dry_run:
-            self.records.append(self._record(parts, path, original, value, side))
-            self.lines.append(f"{path_name(parts)}: would write {path.name} = {value} "
+            self.records.append(self._record(parts, file, original, value, side))
+            self.lines.append(f"{path_name(parts)}: would write {name} = {value} "
                               f"(now {current})")
             return "written"
         wrote: str | None = current
         if earlier is None or norm(current) != norm(value):
             # write-ahead: the original is on record before the file changes (raises, and
             # nothing is written, when the ledger cannot take it)
-            self.intend(self._record(parts, path, original, value, side))
+            self.intend(self._record(parts, file, original, value, side))
             try:
-                write_value(path, value)
+                write_value(file, value)
             except OSError as exc:
                 if exc.errno in _GONE:
                     self.lines.append(f"{path_name(parts)}: gone")
                     return "gone"
                 return f"error: {exc.strerror or exc}"
-            wrote = read_value(path)
+            wrote = read_value(file)
             if wrote is None:
                 self.lines.append(f"{path_name(parts)}: gone")
                 return "gone"
             self.written += 1
         else:
             self.kept += 1  # in force since an earlier apply: its original is kept
-        self.records.append(self._record(parts, path, original, wrote or "", side))
-        self.lines.append(f"{path_name(parts)}: {path.name} {original} -> {wrote}")
+        self.records.append(self._record(parts, file, original, wrote or "", side))
+        self.lines.append(f"{path_name(parts)}: {name} {original} -> {wrote}")
         return "written"
 
     def intend(self, pending: dict[str, Any] | None = None) -> None:
@@ -359,9 +371,9 @@ class Changes:
         self.ctx.intend({"writes": records, **self.extra})
 
     @staticmethod
-    def _record(parts: tuple[str, ...], path: Path, old: str, wrote: str,
+    def _record(parts: tuple[str, ...], file: str, old: str, wrote: str,
                 side: dict[str, str]) -> dict[str, Any]:
-        record: dict[str, Any] = {"cgroup": path_name(parts), "file": str(path), "old": old,
+        record: dict[str, Any] = {"cgroup": path_name(parts), "file": file, "old": old,
                                   "wrote": wrote}
         if side:
             record["also"] = side

@@ -70,15 +70,15 @@ class CpuIdle:
         return changes.result(self.target(ctx), WHAT, refused)
 
     def _one(self, changes: Changes, cgroups: Cgroups, target: Target) -> None:
-        located = cgroups.controller_dir("cpu", target.parts)
+        located = cgroups.controller_path("cpu", target.parts)  # a string: it may stand
         if located is None:
             changes.fail(f"{target.name}: no cpu controller")
             return
         directory, version = located
         weight_file, weight = ("cpu.shares", "2") if version == "v1" else ("cpu.weight", "1")
         if self.mode in ("auto", "idle"):
-            outcome = changes.set(target, target.parts, directory / "cpu.idle", "1",
-                                  also=[directory / weight_file])
+            outcome = changes.set(target, target.parts, f"{directory}/cpu.idle", "1",
+                                  also=[f"{directory}/{weight_file}"])
             if outcome in ("written", "kept", "gone", "refused"):
                 return
             why = "absent (kernel < 5.15, or no cpu controller here)" if \
@@ -87,7 +87,7 @@ class CpuIdle:
                 changes.fail(f"{target.name}: cpu.idle {why}")
                 return
             changes.note(f"{target.name}: cpu.idle {why}: minimum weight instead")
-        outcome = changes.set(target, target.parts, directory / weight_file, weight)
+        outcome = changes.set(target, target.parts, f"{directory}/{weight_file}", weight)
         if outcome == "absent":
             changes.fail(f"{target.name}: no {weight_file} (cpu controller not enabled for it)")
         elif outcome.startswith("error"):

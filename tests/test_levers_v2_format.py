@@ -51,6 +51,8 @@ def test_cpu_idle_v2_on_the_besteffort_qos_cgroup(tree, tmp_path):
     assert _read(tree / LS_POD / "cpu.idle") == "0"
     [record] = result.undo["writes"]
     assert record["also"] == {str(tree / BE_QOS / "cpu.weight"): "100"}
+    # as str(Path) gives it: the records of an agent from before string paths still match
+    assert record["file"] == str(tree / BE_QOS / "cpu.idle")
     assert step.undo(context(_inventory()), result.undo).status == DONE
     assert _read(tree / BE_QOS / "cpu.idle") == "0"
 
