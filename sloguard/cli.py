@@ -65,7 +65,12 @@ def run(config: ConfigOpt = None, data_dir: DataDirOpt = None, listen: ListenOpt
     settings = _start_logging(_load(config, data_dir, listen).settings)
     from sloguard.agent import Agent
 
-    _serve(settings, Agent, "UI and API")
+    def agent(settings: Any) -> Agent:
+        built = Agent(settings)
+        built.settle_heap = True  # alone in this process: its heap may be frozen (gc)
+        return built
+
+    _serve(settings, agent, "UI and API")
 
 
 @app.command()

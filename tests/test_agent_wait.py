@@ -40,3 +40,56 @@ def test_the_loop_sleeps_between_ticks_and_stop_wakes_it_at_once(tmp_path):
     # one wait before the call, one after it: not one every 100 ms
     assert len(waits) <= 3 and all(w is None or w > 20 for w in waits), waits
     assert stopped < 5.0  # not the 30 s left of its wait
+
+
+def test_the_agent_alone_in_its_process_settles_its_heap_and_again_after_a_rule_reload(
+        tmp_path):
+    """`sloguard run` freezes what the first ticks built out of the cyclic GC's full
+    collections (Agent._settle_heap); a rule reload settles it again, so what the old rules
+    held can be collected. An agent in a test's process leaves the GC alone."""
+    import gc
+    import weakref
+
+    from sloguard.agent import SETTLE_AFTER_TICKS, Agent
+    from sloguard.settings import load_settings
+
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    rule = ("groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: lat\n"
+            "        field: p99\n        params: {above: %d}\n")
+    (rules / "r.yaml").write_text(rule % 10)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"node_name: quiet\ndata_dir: {tmp_path / 'data'}\n"
+                      f"rules: {{paths: ['{rules}']}}\n"
+                      "collectors: {node: {enabled: false}, cgroups: {enabled: false}}\n")
+    assert gc.get_freeze_count() == 0
+    plain = Agent(load_settings(config).settings)
+    for _ in range(SETTLE_AFTER_TICKS + 1):
+        plain.tick()
+    assert gc.get_freeze_count() == 0  # not asked to
+    plain.stop()
+
+    class Held:
+        pass
+
+    agent = Agent(load_settings(config).settings)
+    agent.settle_heap = True
+    try:
+        held = Held()
+        held.me = held  # a cycle: only the cyclic GC frees it
+        gone = weakref.ref(held)
+        for _ in range(SETTLE_AFTER_TICKS - 1):
+            agent.tick()
+        assert gc.get_freeze_count() == 0
+        agent.tick()
+        assert gc.get_freeze_count() > 0  # settled
+        del held
+        gc.collect()
+        assert gone() is not None  # frozen with the heap: out of the collector's sight
+        (rules / "r.yaml").write_text(rule % 20)
+        agent._reload_rules()
+        assert agent.rules.rules[0].spec.params == {"above": 20}
+        assert gone() is None and gc.get_freeze_count() > 0  # settled again, garbage freed
+    finally:
+        agent.stop()
+        gc.unfreeze()
