@@ -231,11 +231,14 @@ class GuardCost:
         to held or free by the levers in force over it (as of the last tick)."""
         with self._lock:
             for sample in samples:
+                measurement = sample.measurement
+                if measurement != CPU_MEASUREMENT and measurement != WAIT_MEASUREMENT:
+                    continue  # asked first: most samples are of neither
                 tags = sample.tags
                 if tags.get("class") != "BE" or tags.get("level") not in WORKLOAD_LEVELS:
                     continue
                 cgroup = tags.get("cgroup", "")
-                if sample.measurement == CPU_MEASUREMENT:
+                if measurement == CPU_MEASUREMENT:
                     total = sample.fields.get("usage_seconds_total")
                     if total is None:
                         continue
@@ -250,7 +253,7 @@ class GuardCost:
                         cost.got_held += total - prev
                     else:
                         cost.got_free += total - prev
-                elif sample.measurement == WAIT_MEASUREMENT:
+                else:  # WAIT_MEASUREMENT
                     waited = sample.fields.get("total_us")
                     cost = self._cost(tags, sample.time_ns)
                     if waited is None or cost is None:
@@ -260,8 +263,6 @@ class GuardCost:
                         cost.waited_held += waited / 1e6
                     else:
                         cost.waited_free += waited / 1e6
-                else:
-                    continue
                 self._dirty.add(cost.workload)
 
     def tick(self, now_ns: int, mono_s: float, inventory: list[dict[str, str]],
