@@ -246,8 +246,8 @@ class AnomalyChannelsBatch(SlotArrays):
     them (all of a rule's slots at once when its series started together) with the per-series
     detector's numpy operations element for element.
 
-    Memory per slot: three AnomalyLikelihoodBatch slots (3 x 1,858 bytes with the defaults),
-    8 x (`volatility_span` + `segments` + 9) bytes of volatility and window state (5,982 bytes
+    Memory per slot: three AnomalyLikelihoodBatch slots (3 x 1,866 bytes with the defaults),
+    8 x (`volatility_span` + `segments` + 9) bytes of volatility and window state (6,006 bytes
     in all with the defaults: bytes_per_slot), and the prototype memory (prototype_bytes): 8
     bytes per slot for its row in the store, and, for a slot once it has had a shape, a row of
     room for as many prototypes as the fullest row has needed (doubled when short, at most
@@ -591,7 +591,8 @@ class StrongestScore:
 
         if self._whole is None:
             self._whole = self.take(np.arange(len(self._valid)))
-        return self._whole if dtype is None else self._whole.astype(dtype)
+        whole = self._whole if dtype is None else self._whole.astype(dtype)
+        return whole.copy() if copy and whole is self._whole else whole
 
 
 AnomalyChannels.batch = AnomalyChannelsBatch

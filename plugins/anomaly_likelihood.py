@@ -285,7 +285,7 @@ class SlotArrays:
     buffer with room for more. When a batch needs more slots than its room, every buffer is
     reallocated 1.5 times larger (amortised, a slot is copied two to three times in all); a
     batch whose series count rises by a few each tick would otherwise copy every slot each
-    tick (1,858 bytes a slot for anomaly_likelihood: 186 MB a tick at 100,000 series). The room
+    tick (1,866 bytes a slot for anomaly_likelihood: 187 MB a tick at 100,000 series). The room
     is kept here rather than as NaN slots in the engine's `Slots`: the arrays an update sweeps
     are those of the slots in use, so a tick costs what it did before, while slots beyond
     `_size`, never written, cost only address space until used (buffers are `np.empty`, and a
@@ -409,6 +409,13 @@ class AnomalyLikelihoodBatch(SlotArrays):
     them in a dict, as the per-series detector does and at its cost, until pruning brings them
     back within a row.
 
+    The tail (erfc, or stdtr for the Student-t: most of a quiet tick) is computed only where a
+    verdict needs it. A slot whose deviation is below the one where its tail would be red or its
+    score not recovered (`_quiet`, bounds found once per tail) is not crossed, recovered and
+    out of the red zone whatever its tail; its score (DeferredScores) and level (`level`) are
+    computed when read, the engine reading only the slots it shows, bit for bit what computing
+    them at once gives (tests/test_quiet_tail.py).
+
     The arithmetic is the per-series detector's (river's EWMean and EWVar recurrences
     included), but for two sums that differ by a few units in the last place: the recent raw
     scores are summed in ring order rather than oldest first, afresh once a ring (and every
@@ -417,9 +424,9 @@ class AnomalyLikelihoodBatch(SlotArrays):
     forgotten at the next fresh sum), and the total weight after a pruning in bin order rather
     than in the dict's order.
 
-    Memory: 8 x (4 x `bins` + 4 x `radius` + 3 + `average`) + 122 bytes per slot, and 8 x
+    Memory: 8 x (4 x `bins` + 4 x `radius` + 3 + `average`) + 130 bytes per slot, and 8 x
     `warmup` more when the warm-up is longer than a row (else its values live in the bin row
-    until the bin width is set): 1,858 bytes with the defaults, plus a dict of at most
+    until the bin width is set): 1,866 bytes with the defaults, plus a dict of at most
     4 x `bins` + 1 bins for a slot spread too far for its row; the buffers keep room for up
     to half as many slots again (SlotArrays), address space until used, and are cut back to
     the slots in use by `compact`. Cost per tick:
@@ -1159,7 +1166,8 @@ class DeferredScores:
 
         if self._whole is None:
             self._whole = self.take(np.arange(len(self._values)))
-        return self._whole if dtype is None else self._whole.astype(dtype)
+        whole = self._whole if dtype is None else self._whole.astype(dtype)
+        return whole.copy() if copy and whole is self._whole else whole
 
 
 def _log_scores(tail: Any) -> Any:
