@@ -571,9 +571,10 @@ class AnomalyLikelihoodBatch(SlotArrays):
         return BatchVerdicts(crossed, recovered, threshold, scores,
                              self._noter(x, filling, seen, parts))
 
-    def _judge(self, slots: Any, x: Any, out: tuple[Any, Any, Any, Any]) -> tuple:
+    def _judge(self, slots: Any, x: Any, out: tuple[Any, Any, Any, Any, Any]) -> tuple:
         """AnomalyLikelihood.update after its warm-up, for these slots; the verdicts go to
-        `out` (crossed, recovered, threshold, score), what a note shows is returned."""
+        `out` (crossed, recovered, threshold, score, and the deviation of the slots whose score
+        waits until read), what a note shows is returned."""
         import numpy as np
 
         every = self._every(slots)
@@ -716,12 +717,12 @@ class AnomalyLikelihoodBatch(SlotArrays):
                 return f"warming up ({warmup + int(count[at])}/{2 * warmup})"
             if novel[at]:
                 return f"outside the recent range {float(low[at]):.4g}..{float(high[at]):.4g}"
-            quiet = tail[at:at + 1]
-            if math.isnan(quiet[0]) and not math.isnan(deviation[at]):  # a quiet slot's tail
+            its = tail[at:at + 1]
+            if math.isnan(its[0]) and not math.isnan(deviation[at]):  # a quiet slot's tail
                 n = None if self._stdtr is None else self._n(count[at:at + 1])
-                quiet = self._tail_of(deviation[at:at + 1], n)
+                its = self._tail_of(deviation[at:at + 1], n)
             return (f"{100 * float(share[at]):.2g}% of recent values near it, tail "
-                    f"{float(quiet[0]):.1e}")
+                    f"{float(its[0]):.1e}")
 
         return note
 
