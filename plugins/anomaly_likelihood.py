@@ -783,7 +783,10 @@ class AnomalyLikelihoodBatch(SlotArrays):
         recovered, not red, no damping); for direction up or down, also surely on one side of
         a score of 0 (whether the median is asked), and `positive` those above it. (None, False)
         when there are none. For the Student-t tail the bounds are those of the block's largest
-        n, which every slot past `1 / fading_factor` averages has; the others get their tail.
+        n (every slot's past `1 / fading_factor` averages): a smaller n has a heavier tail
+        (P(T > t) falls as the degrees of freedom rise, for t > 0), so a slot below the calm
+        bound or above the positive one of the largest n is below or above its own; the bound
+        under which a score is surely <= 0 holds for slots with that n only.
         Why: the tail (scipy's erfc, or stdtr for the Student-t) was most of a quiet tick;
         benchmarks/detector_throughput.py and benchmarks/quiet_tail.py (old and new alternated:
         see docs/performance.md)."""
@@ -792,15 +795,16 @@ class AnomalyLikelihoodBatch(SlotArrays):
         key = None if n is None else float(n.max())
         calm, below_zero, above_zero = self._bounds(key)
         quiet = deviation < calm
-        if n is not None and float(n.min()) != key:
-            quiet &= n == key
         quiet &= ready
         if novel is not None:
             quiet &= ~novel
         positive: Any = False
         if self.direction != "both":
             positive = quiet & (deviation > above_zero)
-            quiet &= (deviation < below_zero) | positive
+            surely_not = deviation < below_zero
+            if n is not None and float(n.min()) != key:
+                surely_not &= n == key  # a heavier tail may be above 0 further down
+            quiet &= surely_not | positive
         if not quiet.any():
             return None, False
         return quiet, positive

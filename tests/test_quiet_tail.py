@@ -149,3 +149,23 @@ def test_the_bounds_hold_just_past_them(params, n):
     assert (likely[d > above] > 0).all()
     if batch.recover_threshold > 0.01:  # a bound that is of use
         assert math.isfinite(calm) and calm > 0
+
+
+@pytest.mark.parametrize("params", [PARAMS[1], PARAMS[4], {"independence": 0.3},
+                                    {"independence": 1.0, "recover_threshold": 0.05,
+                                     "direction": "down"}])
+@pytest.mark.parametrize("largest", [1.5, 2.0, 4.5, 30.0, 300.0, 1e6])
+def test_the_largest_n_bounds_hold_for_every_smaller_n(params, largest):
+    """A block's bounds are those of its largest n: below the calm one and above the positive
+    one, a slot with a smaller n (a heavier tail) is quiet and above a score of 0 as well."""
+    batch = AnomalyLikelihoodBatch(params)
+    calm, _, above = batch._bounds(largest)
+    d = np.concatenate([np.linspace(-80, 80, 20_001),
+                        calm - np.geomspace(1e-12, 1, 200), above + np.geomspace(1e-12, 1, 200)])
+    for n in np.concatenate([np.geomspace(1.0, largest, 15), [largest * (1 - 1e-12)]]):
+        tail = batch._tail_of(d, np.full(len(d), n))
+        likely = _log_scores(tail)
+        quiet = d < calm
+        assert (likely[quiet] < batch.recover_threshold).all(), n
+        assert (tail[quiet] > anomaly_likelihood._RED_TAIL).all(), n
+        assert (likely[d > above] > 0).all(), n
