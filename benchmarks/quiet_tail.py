@@ -4,11 +4,15 @@ benchmarks/detector_throughput.py (N(10, 1) noise, past warm-up), fed the same v
 alternated tick by tick in one run: the machine's noise falls on both.
 
     .venv/bin/python benchmarks/quiet_tail.py [--series 100000] [--only likelihood|channels]
+        [--staggered]
+
+`--staggered`: slot i starts at tick i % 200 (NaN before), so a block's slots have judged
+different numbers of averages (the Student-t's n differs, and the rings are not in step).
 
 Prints, for AnomalyLikelihoodBatch and AnomalyChannelsBatch (ticks at a segment boundary
-apart), the median tick of each and the ratio, and checks on the way that both give the same
-verdicts and, on a sample of slots and on the last tick's whole arrays, the same scores, notes
-and levels.
+left out, unless staggered), the median tick of each and the ratio, and checks on the way that
+both give the same verdicts and, on a sample of slots and on the last tick's whole arrays, the
+same scores, notes and levels.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from sloguard.plugins.anomaly_channels import AnomalyChannelsBatch
 from sloguard.plugins.anomaly_likelihood import AnomalyLikelihoodBatch
 
 
-def alternated(kind: str, n: int, rng: np.random.Generator) -> dict[str, float]:
+def alternated(kind: str, n: int, rng: np.random.Generator,
+               staggered: bool = False) -> dict[str, float]:
     if kind == "likelihood":
         deferred, eager = AnomalyLikelihoodBatch({}), AnomalyLikelihoodBatch({})
         eager._defer = False
@@ -33,15 +38,20 @@ def alternated(kind: str, n: int, rng: np.random.Generator) -> dict[str, float]:
         for channel in (eager.value, eager.volatility, eager.shape):
             channel._defer = False
         warm, ticks = 340, 240
-    for _ in range(warm):
+    start = np.arange(n) % 200 if staggered else np.zeros(n, dtype=int)
+    warm += int(start.max())
+    for tick in range(warm):
         values = rng.normal(10, 1, n)
+        values[start > tick] = np.nan
         deferred.update(values, 0)
         eager.update(values, 0)
     times: dict[str, list[float]] = {"eager": [], "deferred": []}
     sample = rng.integers(0, n, 50).tolist()
     for tick in range(ticks):
         values = rng.normal(10, 1, n)
-        boundary = kind == "channels" and int(deferred._count[0]) == deferred.segment - 1
+        # every slot's prototype step at once (staggered: a 24th of the slots' every tick)
+        boundary = (kind == "channels" and not staggered
+                    and int(deferred._count[0]) == deferred.segment - 1)
         runs = [("eager", eager), ("deferred", deferred)]
         out = {}
         for name, batch in runs if tick % 2 == 0 else runs[::-1]:
@@ -65,14 +75,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--series", type=int, default=100_000)
     parser.add_argument("--only", choices=["likelihood", "channels"])
+    parser.add_argument("--staggered", action="store_true")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    print(f"\n{args.series} series, median tick, alternated tick by tick in this run\n")
+    print(f"\n{args.series} series{', staggered starts' if args.staggered else ''}, median "
+          f"tick, alternated tick by tick in this run\n")
     print("| batch | every tail (ms) | quiet tails deferred (ms) | ratio | median per-tick ratio |")
     print("|---|---|---|---|---|")
     for kind in ("likelihood", "channels"):
         if args.only in (None, kind):
-            got = alternated(kind, args.series, rng)
+            got = alternated(kind, args.series, rng, args.staggered)
             print(f"| {kind} | {got['eager']:.2f} | {got['deferred']:.2f} | "
                   f"{got['deferred'] / got['eager']:.3f} | {got['per tick']:.3f} |", flush=True)
 
