@@ -639,12 +639,15 @@ class AnomalyLikelihoodBatch(SlotArrays):
 
         deviation, n = self._deviation(recent, mean, square_mean - mean * mean, count)
         quiet, positive = self._quiet(deviation, n, ready, novel if anything_novel else None)
-        if quiet is None:  # every slot's tail
+        skipped = quiet  # and the slots still warming up: score 0, red state kept, no tail
+        if self._defer and not everyone_ready:
+            skipped = ~ready if quiet is None else quiet | ~ready
+        if skipped is None:  # every slot's tail
             tail = self._tail_of(deviation, n)
             likely = _log_scores(tail)
             red = tail <= _RED_TAIL  # one event, one high score: a red run reports yellow after
         else:  # the quiet slots' likelihood waits until read (-inf meanwhile: below any bound)
-            some = np.flatnonzero(~quiet)
+            some = np.flatnonzero(~skipped)
             tail = np.full(len(deviation), np.nan)
             likely = np.full(len(deviation), -np.inf)
             red = np.zeros(len(deviation), dtype=bool)
