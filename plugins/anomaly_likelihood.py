@@ -786,10 +786,13 @@ class AnomalyLikelihoodBatch(SlotArrays):
         recovered, not red, no damping); for direction up or down, also surely on one side of
         a score of 0 (whether the median is asked), and `positive` those above it. (None, False)
         when there are none. For the Student-t tail the bounds are those of the block's largest
-        n (every slot's past `1 / fading_factor` averages): a smaller n has a heavier tail
-        (P(T > t) falls as the degrees of freedom rise, for t > 0), so a slot below the calm
-        bound or above the positive one of the largest n is below or above its own; the bound
-        under which a score is surely <= 0 holds for slots with that n only.
+        n (every slot's past `1 / fading_factor` averages): at a deviation t the tail P(T > t)
+        lies between those of the block's smallest and largest n (it falls as the degrees of
+        freedom rise for t > 0, and rises for t < 0). So a calm bound of the largest n at or
+        above 0 holds for every smaller n, a negative one (a recover threshold under 0.0301,
+        the score of a tail of 0.5) only with the smallest n's taken as well; the positive
+        bound (below 0: a score turns positive a hair under a tail of 1) holds for every
+        smaller n; the bound under which a score is surely <= 0 for slots with that n only.
         Why: the tail (scipy's erfc, or stdtr for the Student-t) was most of a quiet tick;
         benchmarks/detector_throughput.py and benchmarks/quiet_tail.py (old and new alternated:
         see docs/performance.md)."""
@@ -797,6 +800,11 @@ class AnomalyLikelihoodBatch(SlotArrays):
             return None, False
         key = None if n is None else float(n.max())
         calm, below_zero, above_zero = self._bounds(key)
+        if n is not None and calm < 0 and float(n.min()) != key:
+            # below 0 it is the other way round: the smallest n has the smaller tail (the
+            # higher score), and the tail at a deviation lies between those of the block's
+            # smallest and largest n (tests/test_quiet_tail.py, a mixed-n block)
+            calm = min(calm, self._bounds(float(n.min()))[0])
         quiet = deviation < calm
         quiet &= ready
         if novel is not None:

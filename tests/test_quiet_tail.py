@@ -169,3 +169,28 @@ def test_the_largest_n_bounds_hold_for_every_smaller_n(params, largest):
         assert (likely[quiet] < batch.recover_threshold).all(), n
         assert (tail[quiet] > anomaly_likelihood._RED_TAIL).all(), n
         assert (likely[d > above] > 0).all(), n
+
+
+@pytest.mark.parametrize("recover", [0.0, 0.01, 0.02, 0.03, 0.3])
+@pytest.mark.parametrize("direction", ["both", "up"])
+def test_a_mixed_n_block_defers_only_slots_quiet_by_their_own_n(recover, direction):
+    """Below a deviation of 0 a smaller n (heavier tail) has the smaller tail, so the higher
+    score: with a recover threshold under the score of a tail of 0.5 (0.0301) the calm bound of
+    the largest n is negative, and a younger slot just under it is not recovered. Whatever
+    `_quiet` defers in a block of mixed n must be calm (and on its side of 0) by its own n."""
+    batch = AnomalyLikelihoodBatch({"independence": 1.0, "recover_threshold": recover,
+                                    "direction": direction})
+    grid = np.concatenate([np.linspace(-80, 80, 4001), np.linspace(-8, 1, 4001)])
+    ns = np.array([1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 300.0, 1000.0])
+    deviation = np.repeat(grid, len(ns))
+    n = np.tile(ns, len(grid))
+    quiet, positive = batch._quiet(deviation, n, np.ones(len(n), dtype=bool), None)
+    if quiet is None:
+        return
+    tail = batch._tail_of(deviation, n)
+    likely = _log_scores(tail)
+    assert (likely[quiet] < recover).all(), sorted(set(n[quiet & (likely >= recover)]))
+    assert (tail[quiet] > anomaly_likelihood._RED_TAIL).all()
+    if direction != "both":
+        assert (likely[quiet & positive] > 0).all()
+        assert not (likely[quiet & ~positive] > 0).any()
