@@ -57,7 +57,9 @@ class BatchVerdicts:
 
     `crossed` and `recovered` are boolean arrays, one entry per slot; `threshold` and `score`
     float arrays (or None). `note(slot)` is called only for the few slots the engine shows as
-    evidence, so a batch detector never formats 100,000 strings it does not need.
+    evidence, so a batch detector never formats 100,000 strings it does not need; `score` may
+    likewise be any sequence of floats that numpy can read (`score[slot]`, `len`,
+    `np.asarray`) whose entries are computed when read (the anomaly batches' DeferredScores).
     """
 
     crossed: Any

@@ -246,8 +246,8 @@ class AnomalyChannelsBatch(SlotArrays):
     them (all of a rule's slots at once when its series started together) with the per-series
     detector's numpy operations element for element.
 
-    Memory per slot: three AnomalyLikelihoodBatch slots (3 x 1,858 bytes with the defaults),
-    8 x (`volatility_span` + `segments` + 9) bytes of volatility and window state (5,982 bytes
+    Memory per slot: three AnomalyLikelihoodBatch slots (3 x 1,866 bytes with the defaults),
+    8 x (`volatility_span` + `segments` + 9) bytes of volatility and window state (6,006 bytes
     in all with the defaults: bytes_per_slot), and the prototype memory (prototype_bytes): 8
     bytes per slot for its row in the store, and, for a slot once it has had a shape, a row of
     room for as many prototypes as the fullest row has needed (doubled when short, at most
@@ -368,25 +368,23 @@ class AnomalyChannelsBatch(SlotArrays):
         has_shape = ~np.isnan(distance)
 
         penalty = self.penalty
-        best = np.asarray(verdict.score, dtype=float)
-        chosen = np.zeros(size, dtype=np.int8)  # 0 the value, 1 volatility, 2 window shape
-        level = self.value.level.copy()
-        for which, (channel, result, has) in enumerate(
-                ((self.volatility, wobble, has_wobble), (self.shape, odd, has_shape)), 1):
-            marks = np.asarray(result.score, dtype=float) - penalty
-            higher = has & (marks > best)  # max() keeps the first of equal channels
-            best = np.where(higher, marks, best)
-            chosen[higher] = which
-            level = np.where(has, np.maximum(level, channel.level - penalty), level)
+        # A channel's quiet slots have their level computed only when read: -inf in `_level`
+        # until then, and below the recover threshold, so the strongest level crosses and
+        # recovers as with theirs (a derived one, less the penalty, stays below it too).
+        level = self.value._level.copy()
+        for channel, has in ((self.volatility, has_wobble), (self.shape, has_shape)):
+            level = np.where(has, np.maximum(level, channel._level - penalty), level)
         crossed = valid & (level >= self.threshold)
         recovered = ~valid | (level < self.recover_threshold)
-        score = np.where(valid, np.maximum(0.0, best), 0.0)
+        score = StrongestScore((verdict.score, wobble.score, odd.score), has_wobble, has_shape,
+                               valid, penalty)
         names = (None, "volatility", "window shape")
 
         def note(slot: int) -> str:
-            if not valid[slot] or chosen[slot] == 0:
+            best, chosen = score.strongest(np.array([slot]))
+            if not valid[slot] or chosen[0] == 0:
                 return verdict.note(slot) if verdict.note else ""
-            return (f"{names[chosen[slot]]} unusual (score {best[slot] + penalty:.2f} - "
+            return (f"{names[chosen[0]]} unusual (score {best[0] + penalty:.2f} - "
                     f"{penalty:g})")
 
         return BatchVerdicts(crossed, recovered, verdict.threshold, score, note)
@@ -544,6 +542,57 @@ class AnomalyChannelsBatch(SlotArrays):
             count = int(self._store_count[row])
             out[slot] = [self._store[row, :count], self._store_uses[row, :count]]
         return out
+
+
+class StrongestScore:
+    """AnomalyChannelsBatch's scores, the strongest channel's, read a slot at a time as the
+    engine does (its channels' DeferredScores compute a quiet slot's when read); numpy reads
+    it whole (np.asarray)."""
+
+    def __init__(self, scores: tuple[Any, Any, Any], has_wobble: Any, has_shape: Any,
+                 valid: Any, penalty: float) -> None:
+        self._scores, self._has = scores, (has_wobble, has_shape)
+        self._valid, self._penalty = valid, penalty
+        self._whole: Any = None
+
+    def __len__(self) -> int:
+        return len(self._valid)
+
+    def strongest(self, slots: Any) -> tuple[Any, Any]:
+        """The best score of `slots` (an integer array) and which channel gave it (0 the value,
+        1 volatility, 2 window shape), as AnomalyChannels.update chooses."""
+        import numpy as np
+
+        value, wobble, odd = self._scores
+        best = value.take(slots)
+        chosen = np.zeros(len(slots), dtype=np.int8)
+        for which, (result, has) in enumerate(zip((wobble, odd), self._has, strict=True), 1):
+            marks = result.take(slots) - self._penalty
+            higher = has[slots] & (marks > best)  # max() keeps the first of equal channels
+            best = np.where(higher, marks, best)
+            chosen[higher] = which
+        return best, chosen
+
+    def take(self, slots: Any) -> Any:
+        import numpy as np
+
+        best, _ = self.strongest(slots)
+        return np.where(self._valid[slots], np.maximum(0.0, best), 0.0)
+
+    def __getitem__(self, slot: Any) -> Any:
+        import numpy as np
+
+        if isinstance(slot, int | np.integer):
+            return self.take(np.array([slot]))[0]
+        return np.asarray(self)[slot]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        import numpy as np
+
+        if self._whole is None:
+            self._whole = self.take(np.arange(len(self._valid)))
+        whole = self._whole if dtype is None else self._whole.astype(dtype)
+        return whole.copy() if copy and whole is self._whole else whole
 
 
 AnomalyChannels.batch = AnomalyChannelsBatch

@@ -76,6 +76,9 @@ _EXACT_KEY = 2.0**52  # bin numbers a float still counts one by one (the batch's
 # benchmarks/detector_throughput.py over 100,000 series, blocks alternated tick by tick in one
 # run: median 13.5 ms a tick at 16,000, 14.1 at 8,192, 17.6 at 4,096, 22.1 at 100,000 slots.
 _BLOCK = 16_000
+# A quiet slot's tail is skipped only this far (a share of the deviation, at least 1 x this)
+# below the bound found on the computed tail; over +-_REACH deviations.
+_MARGIN, _REACH = 0.01, 64.0
 
 
 class AnomalyLikelihood:
@@ -282,7 +285,7 @@ class SlotArrays:
     buffer with room for more. When a batch needs more slots than its room, every buffer is
     reallocated 1.5 times larger (amortised, a slot is copied two to three times in all); a
     batch whose series count rises by a few each tick would otherwise copy every slot each
-    tick (1,858 bytes a slot for anomaly_likelihood: 186 MB a tick at 100,000 series). The room
+    tick (1,866 bytes a slot for anomaly_likelihood: 187 MB a tick at 100,000 series). The room
     is kept here rather than as NaN slots in the engine's `Slots`: the arrays an update sweeps
     are those of the slots in use, so a tick costs what it did before, while slots beyond
     `_size`, never written, cost only address space until used (buffers are `np.empty`, and a
@@ -406,6 +409,13 @@ class AnomalyLikelihoodBatch(SlotArrays):
     them in a dict, as the per-series detector does and at its cost, until pruning brings them
     back within a row.
 
+    The tail (erfc, or stdtr for the Student-t: most of a quiet tick) is computed only where a
+    verdict needs it. A slot whose deviation is below the one where its tail would be red or its
+    score not recovered (`_quiet`, bounds found once per tail) is not crossed, recovered and
+    out of the red zone whatever its tail; its score (DeferredScores) and level (`level`) are
+    computed when read, the engine reading only the slots it shows, bit for bit what computing
+    them at once gives (tests/test_quiet_tail.py).
+
     The arithmetic is the per-series detector's (river's EWMean and EWVar recurrences
     included), but for two sums that differ by a few units in the last place: the recent raw
     scores are summed in ring order rather than oldest first, afresh once a ring (and every
@@ -414,9 +424,9 @@ class AnomalyLikelihoodBatch(SlotArrays):
     forgotten at the next fresh sum), and the total weight after a pruning in bin order rather
     than in the dict's order.
 
-    Memory: 8 x (4 x `bins` + 4 x `radius` + 3 + `average`) + 122 bytes per slot, and 8 x
+    Memory: 8 x (4 x `bins` + 4 x `radius` + 3 + `average`) + 130 bytes per slot, and 8 x
     `warmup` more when the warm-up is longer than a row (else its values live in the bin row
-    until the bin width is set): 1,858 bytes with the defaults, plus a dict of at most
+    until the bin width is set): 1,866 bytes with the defaults, plus a dict of at most
     4 x `bins` + 1 bins for a slot spread too far for its row; the buffers keep room for up
     to half as many slots again (SlotArrays), address space until used, and are cut back to
     the slots in use by `compact`. Cost per tick:
@@ -425,6 +435,10 @@ class AnomalyLikelihoodBatch(SlotArrays):
     slots all have values, padding rather than bounds checks, the bin read once for the share
     and the learning, pruning in blocks that stay in the cache.
     """
+
+    # the quiet slots' tail only when read (False: every slot's every tick, as before; what
+    # tests/test_quiet_tail.py compares it with)
+    _defer = True
 
     def __init__(self, params: dict[str, Any]) -> None:
         import numpy as np
@@ -451,7 +465,8 @@ class AnomalyLikelihoodBatch(SlotArrays):
             "_learned": (np.int64, 0), "_raws": (np.int64, 0), "_sum": (float, 0.0),
             "_mean": (float, 0.0),
             "_square": (float, 0.0), "_judged": (np.int64, 0), "_red": (bool, False),
-            "level": (float, 0.0), "_dense": (bool, True),
+            "_level": (float, 0.0), "_dense": (bool, True),
+            "_pending": (float, math.nan),  # a quiet slot's deviation: its level, when read
         }
         for name, (dtype, fresh) in self._scalars.items():
             self._per_slot(name, dtype, fresh)
@@ -462,6 +477,7 @@ class AnomalyLikelihoodBatch(SlotArrays):
         self._per_slot("_store", float, 0.0, (None, self._stride))
         self._per_slot("_raw", float, 0.0, (self.average, None))  # ring of raw scores
         self._sparse: dict[int, dict[int, float]] = {}  # slot -> bins, spread too far for a row
+        self._bound_cache: dict[float | None, tuple[float, float, float]] = {}
         self._bases = np.zeros(0, dtype=np.int64)
         self._views()
 
@@ -538,7 +554,7 @@ class AnomalyLikelihoodBatch(SlotArrays):
                 self._start(filling[seen >= self.warmup])
         judged = np.flatnonzero(valid & warm)
         out = (np.zeros(size, dtype=bool), np.ones(size, dtype=bool), np.full(size, np.nan),
-               np.zeros(size))
+               np.zeros(size), np.full(size, np.nan))
         # A block at a time: its temporaries stay small, so they are reused from the heap and
         # stay in the cache (whole-array temporaries cost a page fault per 4 KiB each time).
         parts = []
@@ -549,11 +565,16 @@ class AnomalyLikelihoodBatch(SlotArrays):
                 slots = judged[start:end]
                 parts.append((int(slots[-1]), slots, self._judge(slots, x, out)))
             start = end
-        return BatchVerdicts(*out, self._noter(x, filling, seen, parts))
+        crossed, recovered, threshold, score, deferred = out
+        counts = None if self._stdtr is None else self._judged.copy()
+        scores = DeferredScores(score, deferred, counts, self._likely)
+        return BatchVerdicts(crossed, recovered, threshold, scores,
+                             self._noter(x, filling, seen, parts))
 
-    def _judge(self, slots: Any, x: Any, out: tuple[Any, Any, Any, Any]) -> tuple:
+    def _judge(self, slots: Any, x: Any, out: tuple[Any, Any, Any, Any, Any]) -> tuple:
         """AnomalyLikelihood.update after its warm-up, for these slots; the verdicts go to
-        `out` (crossed, recovered, threshold, score), what a note shows is returned."""
+        `out` (crossed, recovered, threshold, score, and the deviation of the slots whose score
+        waits until read), what a note shows is returned."""
         import numpy as np
 
         every = self._every(slots)
@@ -616,9 +637,26 @@ class AnomalyLikelihoodBatch(SlotArrays):
         ready = count >= self.warmup
         everyone_ready = bool(ready.all())
 
-        tail = self._tail(recent, mean, square_mean - mean * mean, count)
-        likely = _log_scores(tail)
-        red = tail <= _RED_TAIL  # one event, one high score: a red run reports yellow after
+        deviation, n = self._deviation(recent, mean, square_mean - mean * mean, count)
+        quiet, positive = self._quiet(deviation, n, ready, novel if anything_novel else None)
+        skipped = quiet  # and the slots still warming up: score 0, red state kept, no tail
+        if self._defer and not everyone_ready:
+            skipped = ~ready if quiet is None else quiet | ~ready
+        if skipped is None:  # every slot's tail
+            tail = self._tail_of(deviation, n)
+            likely = _log_scores(tail)
+            red = tail <= _RED_TAIL  # one event, one high score: a red run reports yellow after
+        else:  # the quiet slots' likelihood waits until read (-inf meanwhile: below any bound)
+            some = np.flatnonzero(~skipped)
+            tail = np.full(len(deviation), np.nan)
+            likely = np.full(len(deviation), -np.inf)
+            red = np.zeros(len(deviation), dtype=bool)
+            if len(some):
+                part = self._tail_of(deviation[some], None if n is None else n[some])
+                tail[some] = part
+                likely[some] = _log_scores(part)
+                red[some] = part <= _RED_TAIL
+        pending = quiet
         was_red = self._red[every]
         damped = red & was_red
         self._red[every] = red if everyone_ready else np.where(ready, red, was_red)
@@ -630,29 +668,36 @@ class AnomalyLikelihoodBatch(SlotArrays):
             level = np.where(novel, np.maximum(novelty, likely), likely)
             marks = np.where(novel, np.maximum(novelty, marks), marks)
         if self.direction != "both":
-            asked = np.flatnonzero(ready & ((level > 0) | (marks > 0)))
+            # a quiet slot's score is above 0 (`positive`) or not (not asked) for sure
+            asked = np.flatnonzero(ready & ((level > 0) | (marks > 0) | positive))
             if len(asked):
                 level, marks = level.copy(), marks.copy()
                 higher = xs[asked] > self._median(slots[asked])
                 harmless = asked[higher != (self.direction == "up")]
                 level[harmless] = marks[harmless] = 0.0  # the harmless side of the usual level
+                if quiet is not None:
+                    pending = quiet.copy()
+                    pending[harmless] = False  # known: 0
         if self.direction == "both":
             bound = np.where(xs < (low + high) / 2, below, above)
         else:
             bound = below if self.direction == "down" else above
         if not everyone_ready:
             level = np.where(ready, level, 0.0)
-        self.level[every] = level
-        crossed, recovered, threshold, score = out
+        self._level[every] = level
+        crossed, recovered, threshold, score, deferred = out
         crossed[every] = level >= self.threshold
         recovered[every] = level < self.recover_threshold
         threshold[every] = bound
         score[every] = marks
+        waits = np.nan if pending is None else np.where(pending, deviation, np.nan)
+        deferred[every] = waits
+        self._pending[every] = waits
         if not everyone_ready:
             waiting = slots[~ready]
             crossed[waiting], recovered[waiting] = False, True
             threshold[waiting], score[waiting] = np.nan, 0.0
-        return novel, low, high, share, tail, count
+        return novel, low, high, share, tail, count, deviation
 
     def _noter(self, x: Any, filling: Any, seen: Any, parts: list) -> Any:
         import bisect
@@ -670,34 +715,138 @@ class AnomalyLikelihoodBatch(SlotArrays):
                 return f"warming up ({int(seen[at])}/{2 * warmup})"
             _, slots, shown = parts[bisect.bisect_left(lasts, slot)]
             at = int(np.searchsorted(slots, slot))
-            novel, low, high, share, tail, count = shown
+            novel, low, high, share, tail, count, deviation = shown
             if count[at] < warmup:
                 return f"warming up ({warmup + int(count[at])}/{2 * warmup})"
             if novel[at]:
                 return f"outside the recent range {float(low[at]):.4g}..{float(high[at]):.4g}"
+            its = tail[at:at + 1]
+            if math.isnan(its[0]) and not math.isnan(deviation[at]):  # a quiet slot's tail
+                n = None if self._stdtr is None else self._n(count[at:at + 1])
+                its = self._tail_of(deviation[at:at + 1], n)
             return (f"{100 * float(share[at]):.2g}% of recent values near it, tail "
-                    f"{float(tail[at]):.1e}")
+                    f"{float(its[0]):.1e}")
 
         return note
 
-    def _tail(self, recent: Any, mean: Any, var: Any, count: Any) -> Any:
-        """AnomalyLikelihood._tail over arrays."""
+    def _deviation(self, recent: Any, mean: Any, var: Any, count: Any) -> tuple[Any, Any]:
+        """AnomalyLikelihood._tail over arrays up to its last step: the standardised deviation
+        the tail decreases with, and the Student-t's samples n (None: the Gaussian tail)."""
         import numpy as np
-        from scipy.special import erfc  # scipy comes with river
 
         mean = np.maximum(mean, _MIN_MEAN)
         std = np.maximum(var, _MIN_VAR)
         np.sqrt(std, out=std)
         if self._stdtr is None:
             std *= math.sqrt(2)
-            tail = recent - mean
-            tail /= std
-            tail = erfc(tail, out=tail)
+            deviation = recent - mean
+            deviation /= std
+            return deviation, None
+        n = self._n(count)
+        return (recent - mean) / (std * np.sqrt(1 + 1 / n)), n
+
+    def _n(self, count: Any) -> Any:
+        import numpy as np
+
+        return np.maximum(self.independence * np.minimum(count, self._horizon), 1.0)
+
+    def _tail_of(self, deviation: Any, n: Any) -> Any:
+        """AnomalyLikelihood._tail's last step: the tail probability of these deviations."""
+        if self._stdtr is None:
+            from scipy.special import erfc  # scipy comes with river
+
+            tail = erfc(deviation)
             tail *= 0.5
             return tail
-        n = np.maximum(self.independence * np.minimum(count, self._horizon), 1.0)
-        deviation = (recent - mean) / (std * np.sqrt(1 + 1 / n))
+        import numpy as np
+
         return self._stdtr(np.maximum(n - 1.0, 1.0), -deviation)
+
+    def _likely(self, deviation: Any, count: Any) -> Any:
+        """The score (undamped) of quiet slots, from what `_judge` kept of them: their
+        deviation and, for the Student-t tail, the averages they had judged."""
+        return _log_scores(self._tail_of(deviation, None if count is None else self._n(count)))
+
+    @property
+    def level(self) -> Any:
+        """Each slot's last undamped score (AnomalyLikelihood.level); the quiet slots' is
+        computed here, when read, rather than every tick."""
+        import numpy as np
+
+        waiting = np.flatnonzero(~np.isnan(self._pending))
+        if len(waiting):
+            counts = None if self._stdtr is None else self._judged[waiting]
+            self._level[waiting] = self._likely(self._pending[waiting], counts)
+            self._pending[waiting] = np.nan
+        return self._level
+
+    def _quiet(self, deviation: Any, n: Any, ready: Any, novel: Any) -> tuple[Any, Any]:
+        """The slots whose verdict is known without their tail: ready, not novel, their
+        deviation below the one whose tail would be red or not recovered (so: not crossed,
+        recovered, not red, no damping); for direction up or down, also surely on one side of
+        a score of 0 (whether the median is asked), and `positive` those above it. (None, False)
+        when there are none. For the Student-t tail the bounds are those of the block's largest
+        n (every slot's past `1 / fading_factor` averages): at a deviation t the tail P(T > t)
+        lies between those of the block's smallest and largest n (it falls as the degrees of
+        freedom rise for t > 0, and rises for t < 0). So a calm bound of the largest n at or
+        above 0 holds for every smaller n, a negative one (a recover threshold under 0.0301,
+        the score of a tail of 0.5) only with the smallest n's taken as well; the positive
+        bound (below 0: a score turns positive a hair under a tail of 1) holds for every
+        smaller n; the bound under which a score is surely <= 0 for slots with that n only.
+        Why: the tail (scipy's erfc, or stdtr for the Student-t) was most of a quiet tick;
+        benchmarks/detector_throughput.py and benchmarks/quiet_tail.py (old and new alternated:
+        see docs/performance.md)."""
+        if not self._defer:
+            return None, False
+        key = None if n is None else float(n.max())
+        calm, below_zero, above_zero = self._bounds(key)
+        if n is not None and calm < 0 and float(n.min()) != key:
+            # below 0 it is the other way round: the smallest n has the smaller tail (the
+            # higher score), and the tail at a deviation lies between those of the block's
+            # smallest and largest n (tests/test_quiet_tail.py, a mixed-n block)
+            calm = min(calm, self._bounds(float(n.min()))[0])
+        quiet = deviation < calm
+        quiet &= ready
+        if novel is not None:
+            quiet &= ~novel
+        positive: Any = False
+        if self.direction != "both":
+            positive = quiet & (deviation > above_zero)
+            surely_not = deviation < below_zero
+            if n is not None and float(n.min()) != key:
+                surely_not &= n == key  # a heavier tail may be above 0 further down
+            quiet &= surely_not | positive
+        if not quiet.any():
+            return None, False
+        return quiet, positive
+
+    def _bounds(self, n: float | None) -> tuple[float, float, float]:
+        """For the tail with n samples (None: Gaussian): the deviation under which a tail is
+        neither red nor above the recover threshold's score, and the two around the one where
+        the score turns positive (under the first it is <= 0, above the second > 0). Found on
+        the computed tail and score, then widened by `_MARGIN`: the tail is monotone in the
+        deviation, and erfc and stdtr are accurate to far less than that margin moves it."""
+        import numpy as np
+
+        found = self._bound_cache.get(n)
+        if found is not None:
+            return found
+        if len(self._bound_cache) > 256:
+            self._bound_cache.clear()
+
+        def tails(deviation: Any) -> Any:
+            return self._tail_of(deviation, None if n is None else np.full(len(deviation), n))
+
+        def calm(deviation: Any) -> Any:
+            tail = tails(deviation)
+            return (_log_scores(tail) < self.recover_threshold) & (tail > _RED_TAIL)
+
+        calm_below, _ = _flip(calm)
+        below_zero, above_zero = -math.inf, math.inf
+        if self.direction != "both":
+            below_zero, above_zero = _flip(lambda deviation: ~(_log_scores(tails(deviation)) > 0))
+        found = self._bound_cache[n] = (calm_below, below_zero, above_zero)
+        return found
 
     def _keys(self, xs: Any, width: Any) -> Any:
         """AnomalyLikelihood._bin over arrays, as floats (exact: a float's floor is one)."""
@@ -962,6 +1111,79 @@ class AnomalyLikelihoodBatch(SlotArrays):
                     median[i] = (k + 0.5) * self._width[slot]
                     break
         return median
+
+
+def _flip(holds: Any) -> tuple[float, float]:
+    """Where a predicate of the deviation, true for low ones and false for high ones, turns:
+    (it holds below the first, not above the second) over +-`_REACH`, each `_MARGIN` (or that
+    share of it) from the turn found; (-inf, inf) if it is not monotone on a coarse grid."""
+    import numpy as np
+
+    grid = np.linspace(-_REACH, _REACH, 129)
+    held = holds(grid)
+    turns = np.flatnonzero(held[:-1] != held[1:])
+    if len(turns) > 1:
+        return -math.inf, math.inf
+    if not len(turns):
+        if held[0]:  # holds over the whole reach
+            return _REACH - _MARGIN * _REACH, math.inf
+        return -math.inf, -_REACH + _MARGIN * _REACH
+    for _ in range(3):  # 128 times finer each time
+        at = int(turns[0])
+        grid = np.linspace(grid[at], grid[at + 1], 129)
+        held = holds(grid)
+        turns = np.flatnonzero(held[:-1] != held[1:])
+        if len(turns) != 1:
+            return -math.inf, math.inf
+    at = int(turns[0])
+    margin = _MARGIN * max(1.0, abs(float(grid[at])))
+    return float(grid[at]) - margin, float(grid[at + 1]) + margin
+
+
+class DeferredScores:
+    """A tick's scores (BatchVerdicts.score) whose quiet slots' score is computed when read:
+    the engine reads a few slots' (those it shows), so the tail of the others is never
+    computed. Bit for bit what the eager computation gives (the same ufuncs, element by
+    element). `take` reads several; numpy reads it whole (np.asarray)."""
+
+    def __init__(self, values: Any, deferred: Any, counts: Any, likely: Any) -> None:
+        self._values = values  # -inf where deferred
+        self._deferred = deferred  # the deviation of a quiet slot, NaN elsewhere
+        self._counts = counts
+        self._likely = likely
+        self._whole: Any = None
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def take(self, slots: Any) -> Any:
+        """The scores of `slots` (an integer array), as an array."""
+        import numpy as np
+
+        if self._whole is not None:
+            return self._whole[slots]
+        values = self._values[slots]
+        deviation = self._deferred[slots]
+        waiting = np.flatnonzero(~np.isnan(deviation))
+        if len(waiting):
+            counts = None if self._counts is None else self._counts[slots][waiting]
+            values[waiting] = self._likely(deviation[waiting], counts)
+        return values
+
+    def __getitem__(self, slot: Any) -> Any:
+        import numpy as np
+
+        if isinstance(slot, int | np.integer):
+            return self.take(np.array([slot]))[0]
+        return np.asarray(self)[slot]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        import numpy as np
+
+        if self._whole is None:
+            self._whole = self.take(np.arange(len(self._values)))
+        whole = self._whole if dtype is None else self._whole.astype(dtype)
+        return whole.copy() if copy and whole is self._whole else whole
 
 
 def _log_scores(tail: Any) -> Any:

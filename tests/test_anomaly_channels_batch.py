@@ -113,7 +113,7 @@ def test_prototypes_are_replaced_when_the_memory_is_full():
 def test_memory_per_slot_is_bounded():
     batch = AnomalyChannelsBatch({})
     batch.update(np.zeros(10), 0)
-    assert batch.bytes_per_slot() == 3 * 1858 + 8 * (30 + 12 + 9)
+    assert batch.bytes_per_slot() == 3 * 1866 + 8 * (30 + 12 + 9)
 
 
 def test_registered_as_the_batch_form():

@@ -130,10 +130,10 @@ def test_memory_per_slot_is_bounded():
     rng = np.random.default_rng(1)
     for _ in range(400):
         batch.update(rng.normal(0, 1, 100), 0)
-    assert batch.bytes_per_slot() == 8 * (4 * 50 + 1 + 2 * 3 + 10) + 122
+    assert batch.bytes_per_slot() == 8 * (4 * 50 + 1 + 2 * 3 + 10) + 130
     own = AnomalyLikelihoodBatch({"warmup": 300, "bins": 10})
     own.update(np.zeros(10), 0)
-    assert own.bytes_per_slot() == 8 * (41 + 6 + 10 + 300) + 122
+    assert own.bytes_per_slot() == 8 * (41 + 6 + 10 + 300) + 130
 
 
 def test_registered_as_the_batch_form():
