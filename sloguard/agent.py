@@ -144,6 +144,7 @@ class Agent:
         # its heap once the first ticks have built what it keeps (_settle_heap)
         self.settle_heap = False
         self._heap_settled = False
+        self._settle_due = False  # rules changed since the heap was settled (_settle_heap)
         self.tick_failures = 0  # consecutive ticks that raised
         self.tick_error = ""  # why the last failed tick raised
         self._failed_at: deque[float] = deque(maxlen=1000)  # monotonic times of failed ticks
@@ -626,7 +627,7 @@ class Agent:
         self.ticks += 1
         self.last_tick_mono = time.monotonic()
         self.metrics.tick_duration.observe(time.perf_counter() - started)
-        if self.settle_heap and self.ticks == SETTLE_AFTER_TICKS:
+        if self.settle_heap and (self.ticks == SETTLE_AFTER_TICKS or self._settle_due):
             self._settle_heap()
 
     def _settle_heap(self) -> None:
@@ -635,12 +636,15 @@ class Agent:
         collections that walked all of it every few seconds walk only what is new. They were
         0.21 ms of CPU a tick over 300 ticks of the 100-cgroup agent, 0.001 ms settled
         (benchmarks/agent_tick.py's agent with gc callbacks timed; docs/performance.md). After
-        a rule reload the heap is settled again, so the rules it replaced can be collected."""
+        a rule reload the heap is settled again, at the end of the tick after it: the engine
+        lets go of what it held for the rules replaced (detectors, batches) in that tick's
+        evaluation, and settled before, any cycle among those stayed frozen once dropped."""
         if self._heap_settled:
             gc.unfreeze()
         gc.collect()
         gc.freeze()
         self._heap_settled = True
+        self._settle_due = False
 
     def _prune_incidents(self, now_ns: int) -> None:
         """Resolved incidents past `incidents.retention` go (the table would grow forever)."""
@@ -672,7 +676,7 @@ class Agent:
         changed = self.rules.reload().changed
         self._rules_invalid_event(self.clock.wall_ns())
         if changed and self._heap_settled:
-            self._settle_heap()
+            self._settle_due = True  # at the end of the next tick (_settle_heap)
         if changed or not self.ticks:
             backfilled = self.engine.sync_windows(self.store, self.clock.wall_ns())
             if backfilled:

@@ -89,7 +89,58 @@ def test_the_agent_alone_in_its_process_settles_its_heap_and_again_after_a_rule_
         (rules / "r.yaml").write_text(rule % 20)
         agent._reload_rules()
         assert agent.rules.rules[0].spec.params == {"above": 20}
+        assert gone() is not None  # settled again at the end of the next tick
+        agent.tick()
         assert gone() is None and gc.get_freeze_count() > 0  # settled again, garbage freed
+    finally:
+        agent.stop()
+        gc.unfreeze()
+
+
+def test_a_rule_reload_settles_the_heap_after_the_engine_has_let_go_of_the_old_rules(
+        tmp_path):
+    """The engine drops what it held for a rule gone (its detectors, batches, status) in the
+    evaluation after the reload, not in the reload: a heap settled in the reload froze those
+    and, once dropped, any cycle among them stayed out of the collector's sight until the
+    next rule change."""
+    import gc
+    import weakref
+
+    from detector.signals import SignalKey
+    from sloguard.agent import SETTLE_AFTER_TICKS, Agent
+    from sloguard.settings import load_settings
+
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    rule = ("groups:\n  - name: g\n    rules:\n      - alert: %s\n        expr: lat\n"
+            "        field: p99\n        params: {above: 10}\n")
+    (rules / "r.yaml").write_text(rule % "A")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"node_name: quiet\ndata_dir: {tmp_path / 'data'}\n"
+                      f"rules: {{paths: ['{rules}']}}\n"
+                      "collectors: {node: {enabled: false}, cgroups: {enabled: false}}\n")
+
+    class Detector:  # a detector of rule A's, holding a cycle (as plugin objects may)
+        pass
+
+    agent = Agent(load_settings(config).settings)
+    agent.settle_heap = True
+    try:
+        for _ in range(SETTLE_AFTER_TICKS - 1):
+            agent.tick()
+        detector = Detector()
+        detector.me = detector
+        agent.engine._detectors[SignalKey("g/A")] = {(("pod", "p"),): (None, detector)}
+        gone = weakref.ref(detector)
+        del detector
+        agent.tick()
+        assert gc.get_freeze_count() > 0  # settled, with rule A's detector in the heap
+        (rules / "r.yaml").write_text(rule % "B")  # A gone: its detector goes with it
+        agent._next_reload = 0.0
+        agent.tick()
+        assert SignalKey("g/A") not in agent.engine._detectors
+        gc.collect()
+        assert gone() is None  # not frozen again before the engine let go of it
     finally:
         agent.stop()
         gc.unfreeze()
