@@ -422,7 +422,12 @@ class Engine(AlertLifecycle):
         outcomes: dict[str, tuple[bool, Any, float]] = {}
         while steps:
             if self._worker is None:
-                self._worker = DetectorWorker()
+                try:
+                    self._worker = DetectorWorker()
+                except Exception as exc:  # a thread refused (pids limit, memory): each rule's
+                    # error, as when every rule was handed over on its own, not the tick's
+                    outcomes.update((rule.key, (False, exc, 0.0)) for rule, _ in steps)
+                    break
             worker = self._worker
             done, cut = worker.run_each([step.run for _, step in steps], self.timeout_s)
             for (rule, _), outcome in zip(steps, done, strict=False):

@@ -1353,3 +1353,29 @@ def test_closing_the_engine_ends_its_detector_thread(tmp_path):
     thread.join(5)
     assert not thread.is_alive()
     h.engine.close()  # twice is harmless
+
+
+def test_a_worker_that_cannot_be_started_fails_the_rules_not_the_evaluation(tmp_path,
+                                                                            monkeypatch):
+    """A new detector worker is a thread, and a node's pids limit (or memory) can refuse one:
+    that is every rule's error for this evaluation (judged, counted), as it was when each rule
+    was handed over on its own, not an exception out of `evaluate` that left every rule
+    unjudged and the tick failed."""
+    from sloguard.detector import engine as engine_module
+
+    real = engine_module.DetectorWorker
+
+    class Refused:
+        def __init__(self):
+            raise RuntimeError("can't start new thread")
+
+    h = _Harness(tmp_path)
+    monkeypatch.setattr(engine_module, "DetectorWorker", Refused)
+    h.at(0, 30.0)  # must not raise
+    status = h.engine.status["ls/LSSlow"]
+    assert status.evaluations == 1 and "can't start new thread" in status.error
+    monkeypatch.setattr(engine_module, "DetectorWorker", real)
+    for second in range(1, 4):
+        h.at(second, 30.0)
+    assert status.error == "" and [i.state for i in h.all()] == [FIRING]
+    h.engine.close()
