@@ -636,9 +636,10 @@ class Agent:
         collections that walked all of it every few seconds walk only what is new. They were
         0.21 ms of CPU a tick over 300 ticks of the 100-cgroup agent, 0.001 ms settled
         (benchmarks/agent_tick.py's agent with gc callbacks timed; docs/performance.md). After
-        a rule reload the heap is settled again, at the end of the tick after it: the engine
-        lets go of what it held for the rules replaced (detectors, batches) in that tick's
-        evaluation, and settled before, any cycle among those stayed frozen once dropped."""
+        a reload that changed rules or policies the heap is settled again, at the end of the
+        tick after it: the engine lets go of what it held for the rules replaced (detectors,
+        batches) in that tick's evaluation; settled before, a cycle among those stayed
+        frozen once dropped."""
         if self._heap_settled:
             gc.unfreeze()
         gc.collect()
@@ -672,10 +673,10 @@ class Agent:
                      format_duration(retention))
 
     def _reload_rules(self) -> None:
-        self.policies.reload()
+        policies_changed = self.policies.reload().changed
         changed = self.rules.reload().changed
         self._rules_invalid_event(self.clock.wall_ns())
-        if changed and self._heap_settled:
+        if (changed or policies_changed) and self._heap_settled:
             self._settle_due = True  # at the end of the next tick (_settle_heap)
         if changed or not self.ticks:
             backfilled = self.engine.sync_windows(self.store, self.clock.wall_ns())

@@ -144,3 +144,46 @@ def test_a_rule_reload_settles_the_heap_after_the_engine_has_let_go_of_the_old_r
     finally:
         agent.stop()
         gc.unfreeze()
+
+
+def test_a_reload_that_changes_only_the_policies_settles_the_heap_again(tmp_path):
+    """The policies are reloaded with the rules, and what the replaced ones held was frozen
+    with the heap as much as the rules' was: a cycle there stayed out of the collector's sight
+    until some rule file changed."""
+    import gc
+    import os
+    import weakref
+
+    from sloguard.agent import SETTLE_AFTER_TICKS, Agent
+    from sloguard.settings import load_settings
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("policies:\n  - name: guard\n    steps:\n      - step: notify\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"node_name: quiet\ndata_dir: {tmp_path / 'data'}\n"
+                      f"actuators: {{policies: ['{policy}']}}\n"
+                      "collectors: {node: {enabled: false}, cgroups: {enabled: false}}\n")
+
+    class Held:
+        pass
+
+    agent = Agent(load_settings(config).settings)
+    agent.settle_heap = True
+    try:
+        held = Held()
+        held.me = held
+        gone = weakref.ref(held)
+        for _ in range(SETTLE_AFTER_TICKS):
+            agent.tick()
+        assert gc.get_freeze_count() > 0
+        del held
+        policy.write_text("policies:\n  - name: guard2\n    steps:\n      - step: notify\n")
+        os.utime(policy, (1, 1))
+        agent._next_reload = 0.0
+        agent.tick()
+        assert agent.policies.get("guard2") is not None
+        gc.collect()
+        assert gone() is None  # settled again
+    finally:
+        agent.stop()
+        gc.unfreeze()
