@@ -204,6 +204,15 @@ def select_targets(ctx: StepContext, scope: str = "workload") -> tuple[list[Targ
     return sorted(targets, key=lambda t: t.parts), refused
 
 
+def _joined(hierarchy: str, parts: tuple[str, ...]) -> str:
+    """str(Path(hierarchy).joinpath(*parts)) for clean parts (parts_of's): the undo records'
+    file keys were written that way, and a hierarchy of "/" must not give "//kubepods"."""
+    if not parts:
+        return hierarchy
+    return hierarchy + "/".join(parts) if hierarchy.endswith("/") else \
+        "/".join((hierarchy, *parts))
+
+
 class Cgroups:
     """Where one controller's files of a cgroup are, on v1, v2 and hybrid hosts."""
 
@@ -220,9 +229,9 @@ class Cgroups:
         """`controller_dir` as a string: a standing lever's full check asks for every BE cgroup
         every few seconds, and Path objects were a third of it (see Changes.set)."""
         if controller in self.layout.v1:
-            return "/".join((str(self.layout.v1[controller]), *parts)), "v1"
+            return _joined(str(self.layout.v1[controller]), parts), "v1"
         if self.layout.unified is not None:
-            return "/".join((str(self.layout.unified), *parts)), "v2"
+            return _joined(str(self.layout.unified), parts), "v2"
         return None
 
     def hierarchy_of(self, controller: str) -> Path | None:

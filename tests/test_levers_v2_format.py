@@ -277,3 +277,22 @@ def test_an_error_on_one_cgroup_keeps_what_was_done_for_the_others(tmp_path):
     assert _read(tree / "cpuset" / "good/be" / "cpuset.cpus") == "1-3"
     assert step.undo(context(inventory), result.undo).status == DONE
     assert _read(tree / "cpuset" / "good/be" / "cpuset.cpus") == "0-3"
+
+
+def test_a_controller_path_is_the_path_the_undo_records_of_pathlib_named(tree):
+    """Changes.set keys its undo records by the file's path as a string, and an agent from
+    before string paths wrote str(Path): the two must agree for every hierarchy, a root of
+    "/" included (pathlib gives "/kubepods", a plain join "//kubepods": an earlier apply's
+    record would not be found, and the lever's own value taken for the original)."""
+    from sloguard.actuators.cgroupfs import Cgroups
+    from sloguard.core.cgroup_layout import CgroupLayout
+
+    cgroups = Cgroups(tree)
+    for hierarchy in (Path("/"), tree, Path("/sys/fs/cgroup")):
+        cgroups.layout = CgroupLayout("v2", {}, hierarchy)
+        for parts in ((), ("kubepods.slice",), tuple(BE_POD.split("/"))):
+            expected = str(hierarchy.joinpath(*parts))
+            assert cgroups.controller_path("cpu", parts) == (expected, "v2"), (hierarchy, parts)
+            assert cgroups.controller_dir("cpu", parts) == (Path(expected), "v2")
+        cgroups.layout = CgroupLayout("v1", {"cpu": hierarchy / "cpu"}, None)
+        assert cgroups.controller_path("cpu", ("a",)) == (str(hierarchy / "cpu" / "a"), "v1")
