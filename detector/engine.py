@@ -330,7 +330,8 @@ class Engine(AlertLifecycle):
         if step.run is None:
             results = [plan.without_series() for plan in plans]
         else:
-            assert outcome is not None
+            if outcome is None:  # the hand-over ended before it (Engine.close meanwhile)
+                raise RuntimeError("its detector code did not run")
             ok, results, _ = outcome
             if not ok:
                 # A batch, or a series' detector, may have been left half-updated, and a worker

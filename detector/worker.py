@@ -72,6 +72,8 @@ class DetectorWorker:
                     batch.outcomes.append((True, work(), time.monotonic() - started))
                 except BaseException as exc:  # handed to the caller, not lost with the thread
                     batch.outcomes.append((False, exc, time.monotonic() - started))
+                    if not isinstance(exc, Exception):  # SystemExit and the like end the
+                        return  # evaluation where they are raised: no work after them runs
         finally:
             batch.done.set()
 

@@ -101,3 +101,54 @@ def test_a_hung_rule_between_two_others_costs_them_nothing(tmp_path):
     assert states == {"LSSlow": FIRING, "After": FIRING}
     assert "longer than 0.2s" in h.engine.status["ls/Stuck"].error
     assert h.engine.status["ls/After"].error == "" and h.engine.status["ls/After"].evaluations == 4
+
+
+def test_a_systemexit_from_a_plugin_ends_the_evaluation_before_the_next_rule_runs(tmp_path):
+    """A BaseException that is not an Exception (SystemExit from a plugin) leaves `evaluate`
+    as it did when each rule had its own hand-over: the rules after it run no detector code."""
+    import pytest
+
+    from sloguard.detector.api import hookimpl
+
+    ran: list[str] = []
+
+    class Exiting:
+        name = "exiting"
+
+        def __init__(self, params):
+            pass
+
+        def update(self, value, time_ns):
+            raise SystemExit(3)
+
+    class Counting:
+        name = "counting"
+
+        def __init__(self, params):
+            pass
+
+        def update(self, value, time_ns):
+            from sloguard.detector.api import Verdict
+
+            ran.append("counting")
+            return Verdict(False, True)
+
+    class Plugins:
+        @hookimpl
+        def sloguard_detectors(self):
+            return [Exiting, Counting]
+
+    text = RULES + textwrap.indent(textwrap.dedent("""\
+        - alert: Exits
+          expr: lat
+          field: p99
+          detector: exiting
+        - alert: After
+          expr: lat
+          field: p99
+          detector: counting
+    """), " " * 6)
+    h = _Harness(tmp_path, text, registry=DetectorRegistry(plugins=[Plugins()]), timeout_s=1.0)
+    with pytest.raises(SystemExit):
+        h.at(0, 30.0)
+    assert ran == []
