@@ -49,6 +49,7 @@ from sloguard.plugins.anomaly_likelihood import (
     AnomalyLikelihood,
     AnomalyLikelihoodBatch,
     SlotArrays,
+    SlotsWhenRead,
     whole_number,
 )
 
@@ -544,7 +545,7 @@ class AnomalyChannelsBatch(SlotArrays):
         return out
 
 
-class StrongestScore:
+class StrongestScore(SlotsWhenRead):
     """AnomalyChannelsBatch's scores, the strongest channel's, read a slot at a time as the
     engine does (its channels' DeferredScores compute a quiet slot's when read); numpy reads
     it whole (np.asarray)."""
@@ -578,21 +579,6 @@ class StrongestScore:
 
         best, _ = self.strongest(slots)
         return np.where(self._valid[slots], np.maximum(0.0, best), 0.0)
-
-    def __getitem__(self, slot: Any) -> Any:
-        import numpy as np
-
-        if isinstance(slot, int | np.integer):
-            return self.take(np.array([slot]))[0]
-        return np.asarray(self)[slot]
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
-        import numpy as np
-
-        if self._whole is None:
-            self._whole = self.take(np.arange(len(self._valid)))
-        whole = self._whole if dtype is None else self._whole.astype(dtype)
-        return whole.copy() if copy and whole is self._whole else whole
 
 
 AnomalyChannels.batch = AnomalyChannelsBatch

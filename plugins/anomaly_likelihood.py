@@ -1140,7 +1140,36 @@ def _flip(holds: Any) -> tuple[float, float]:
     return float(grid[at]) - margin, float(grid[at + 1]) + margin
 
 
-class DeferredScores:
+class SlotsWhenRead:
+    """Per-slot values computed when read: `take(slots)` for an integer array of slots,
+    `[slot]` for one (as the engine reads the slots it shows), the whole through numpy
+    (np.asarray), computed once. A subclass gives `take` and `__len__`."""
+
+    _whole: Any = None
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def take(self, slots: Any) -> Any:
+        raise NotImplementedError
+
+    def __getitem__(self, slot: Any) -> Any:
+        import numpy as np
+
+        if isinstance(slot, int | np.integer):
+            return self.take(np.array([slot]))[0]
+        return np.asarray(self)[slot]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        import numpy as np
+
+        if self._whole is None:
+            self._whole = self.take(np.arange(len(self)))
+        whole = self._whole if dtype is None else self._whole.astype(dtype)
+        return whole.copy() if copy and whole is self._whole else whole
+
+
+class DeferredScores(SlotsWhenRead):
     """A tick's scores (BatchVerdicts.score) whose quiet slots' score is computed when read:
     the engine reads a few slots' (those it shows), so the tail of the others is never
     computed. Bit for bit what the eager computation gives (the same ufuncs, element by
@@ -1169,21 +1198,6 @@ class DeferredScores:
             counts = None if self._counts is None else self._counts[slots][waiting]
             values[waiting] = self._likely(deviation[waiting], counts)
         return values
-
-    def __getitem__(self, slot: Any) -> Any:
-        import numpy as np
-
-        if isinstance(slot, int | np.integer):
-            return self.take(np.array([slot]))[0]
-        return np.asarray(self)[slot]
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
-        import numpy as np
-
-        if self._whole is None:
-            self._whole = self.take(np.arange(len(self._values)))
-        whole = self._whole if dtype is None else self._whole.astype(dtype)
-        return whole.copy() if copy and whole is self._whole else whole
 
 
 def _log_scores(tail: Any) -> Any:

@@ -6,6 +6,7 @@ of CPU on this project's VM (sloguard/agent.py, `_wait_or_call`)."""
 from __future__ import annotations
 
 import time
+import weakref
 
 
 def test_the_loop_sleeps_between_ticks_and_stop_wakes_it_at_once(tmp_path):
@@ -42,13 +43,28 @@ def test_the_loop_sleeps_between_ticks_and_stop_wakes_it_at_once(tmp_path):
     assert stopped < 5.0  # not the 30 s left of its wait
 
 
+def _settling(config):
+    """An agent that settles its heap, a cycle made before it does (only the cyclic GC frees
+    it: the caller holds it until then), and a weak reference to it."""
+    from sloguard.agent import Agent
+    from sloguard.settings import load_settings
+
+    class Held:
+        pass
+
+    agent = Agent(load_settings(config).settings)
+    agent.settle_heap = True
+    held = Held()
+    held.me = held
+    return agent, held, weakref.ref(held)
+
+
 def test_the_agent_alone_in_its_process_settles_its_heap_and_again_after_a_rule_reload(
         tmp_path):
     """`sloguard run` freezes what the first ticks built out of the cyclic GC's full
     collections (Agent._settle_heap); a rule reload settles it again, so what the old rules
     held can be collected. An agent in a test's process leaves the GC alone."""
     import gc
-    import weakref
 
     from sloguard.agent import SETTLE_AFTER_TICKS, Agent
     from sloguard.settings import load_settings
@@ -69,15 +85,8 @@ def test_the_agent_alone_in_its_process_settles_its_heap_and_again_after_a_rule_
     assert gc.get_freeze_count() == 0  # not asked to
     plain.stop()
 
-    class Held:
-        pass
-
-    agent = Agent(load_settings(config).settings)
-    agent.settle_heap = True
+    agent, held, gone = _settling(config)
     try:
-        held = Held()
-        held.me = held  # a cycle: only the cyclic GC frees it
-        gone = weakref.ref(held)
         for _ in range(SETTLE_AFTER_TICKS - 1):
             agent.tick()
         assert gc.get_freeze_count() == 0
@@ -104,7 +113,6 @@ def test_a_rule_reload_settles_the_heap_after_the_engine_has_let_go_of_the_old_r
     and, once dropped, any cycle among them stayed out of the collector's sight until the
     next rule change."""
     import gc
-    import weakref
 
     from detector.signals import SignalKey
     from sloguard.agent import SETTLE_AFTER_TICKS, Agent
@@ -152,10 +160,8 @@ def test_a_reload_that_changes_only_the_policies_settles_the_heap_again(tmp_path
     until some rule file changed."""
     import gc
     import os
-    import weakref
 
-    from sloguard.agent import SETTLE_AFTER_TICKS, Agent
-    from sloguard.settings import load_settings
+    from sloguard.agent import SETTLE_AFTER_TICKS
 
     policy = tmp_path / "policy.yaml"
     policy.write_text("policies:\n  - name: guard\n    steps:\n      - step: notify\n")
@@ -164,15 +170,8 @@ def test_a_reload_that_changes_only_the_policies_settles_the_heap_again(tmp_path
                       f"actuators: {{policies: ['{policy}']}}\n"
                       "collectors: {node: {enabled: false}, cgroups: {enabled: false}}\n")
 
-    class Held:
-        pass
-
-    agent = Agent(load_settings(config).settings)
-    agent.settle_heap = True
+    agent, held, gone = _settling(config)
     try:
-        held = Held()
-        held.me = held
-        gone = weakref.ref(held)
         for _ in range(SETTLE_AFTER_TICKS):
             agent.tick()
         assert gc.get_freeze_count() > 0
