@@ -169,7 +169,7 @@ class Engine(AlertLifecycle):
         self._retry_saves()
         active_rules = self.rules.rules
         keys = {rule.key for rule in active_rules}
-        steps: list[tuple[LoadedRule, RuleStatus, dict, _Step, float]] = []
+        steps: list[tuple[LoadedRule, RuleStatus, int, _Step, float]] = []
         for rule in active_rules:
             if arrived is not None and not (
                     rule.spec.on_arrival and rule.spec.selector.measurement in arrived):
@@ -196,11 +196,11 @@ class Engine(AlertLifecycle):
             except Exception as exc:  # one broken rule must not stop the others
                 self._judged(rule, status, now_ns, started, exc)
                 continue
-            steps.append((rule, status, values, step, time.perf_counter() - started))
+            steps.append((rule, status, len(values), step, time.perf_counter() - started))
         # Every rule's detector code in one hand-over to the worker (DetectorWorker.run_each),
         # then each rule's alerts stepped in the rules' order, as one rule at a time did.
         outcomes = self._guarded([(rule, step) for rule, _, _, step, _ in steps if step.run])
-        for rule, status, values, step, spent in steps:
+        for rule, status, series, step, spent in steps:
             outcome = outcomes.get(rule.key)
             started = time.perf_counter() - spent - (outcome[2] if outcome else 0.0)
             try:
@@ -208,7 +208,7 @@ class Engine(AlertLifecycle):
             except Exception as exc:  # one broken rule must not stop the others
                 self._judged(rule, status, now_ns, started, exc)
             else:
-                self._judged(rule, status, now_ns, started, None, len(values))
+                self._judged(rule, status, now_ns, started, None, series)
         if arrived is not None or only is not None:
             return  # the tick's own evaluation, within a second, does the bookkeeping
         if not self.rules.errors:  # a rule gone from cleanly loaded files: end its incidents

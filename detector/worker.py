@@ -14,7 +14,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from typing import Any
 
 
@@ -40,8 +39,7 @@ class Batch:
 class DetectorWorker:
     def __init__(self) -> None:
         # None is abandon()'s wake-up for an idle worker
-        self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], Future] | Batch | None] = (
-            queue.SimpleQueue())
+        self._tasks: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name="detectors", daemon=True)
         self._thread.start()
 
@@ -50,16 +48,7 @@ class DetectorWorker:
             task = self._tasks.get()
             if task is None:
                 break
-            if isinstance(task, Batch):
-                self._run_batch(task)
-                continue
-            run, future = task
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(run())
-            except BaseException as exc:  # handed to the caller, not lost with the thread
-                future.set_exception(exc)
+            self._run_batch(task)
 
     def _run_batch(self, batch: Batch) -> None:
         try:
@@ -92,10 +81,15 @@ class DetectorWorker:
         return self._abandoned and self._thread.is_alive()
 
     def run(self, work: Callable[[], Any], timeout_s: float) -> Any:
-        """`work()`'s result, its exception, or TimeoutError after `timeout_s`."""
-        future: Future = Future()
-        self._tasks.put((work, future))
-        return future.result(timeout=timeout_s)
+        """`work()`'s result, its exception, or TimeoutError after `timeout_s` (the worker is
+        then abandoned): `run_each` of one work."""
+        done, cut = self.run_each([work], timeout_s)
+        if cut is not None:
+            raise TimeoutError(f"cut off after {timeout_s:g}s")
+        ok, value, _ = done[0]
+        if not ok:
+            raise value
+        return value
 
     def run_each(self, works: Sequence[Callable[[], Any]],
                  timeout_s: float) -> tuple[list[tuple[bool, Any, float]], int | None]:

@@ -90,8 +90,7 @@ class Attributor:
         try:
             suspects = self._worker.run(lambda: self._rank(incident, now_ns),
                                         self.config.timeout)
-        except TimeoutError:
-            self._worker.abandon()
+        except TimeoutError:  # the worker abandoned itself (DetectorWorker.run)
             self._worker = None
             self.errors["ranking"] = (f"ranking incident {incident.id} took over "
                                       f"{self.config.timeout:g}s; its suspects were kept")
