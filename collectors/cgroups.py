@@ -109,8 +109,8 @@ class _OpenFiles:
         Most of a node's pressure files (and the cpu.stat of an idle container) read the same
         from one tick to the next: the memory and io stall totals of a container that did not
         stall, every figure of one that did not run. Parsing them again was a tenth of the
-        collection of 100 cgroups (benchmarks/agent_tick.py, "collect cgroups"; the measured
-        run is in docs/performance.md)."""
+        100-cgroup tick in a py-spy profile of benchmarks/agent_tick.py ("collect cgroups" is
+        this; the measured run is in docs/performance.md)."""
         data = self.read(path)
         if data is None:
             self._parsed.pop(path, None)

@@ -48,9 +48,10 @@ def test_works_run_in_order_in_one_hand_over_and_failures_stay_their_own():
 
 
 def test_each_work_has_its_own_deadline_from_its_start():
-    """Three works of 0.6 deadline each: 1.8 in all, none cut off."""
+    """Three works of 0.3 s under a deadline of 0.8 s each: 0.9 s in all, none cut off (the
+    margin is wide: a loaded CI machine delays a wake-up)."""
     worker = DetectorWorker()
-    outcomes, cut = worker.run_each([lambda: time.sleep(0.3)] * 3, 0.5)
+    outcomes, cut = worker.run_each([lambda: time.sleep(0.3)] * 3, 0.8)
     assert cut is None and [ok for ok, _, _ in outcomes] == [True, True, True]
     worker.abandon()
 
