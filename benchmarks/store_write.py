@@ -12,7 +12,14 @@ write_bytes: WAL, checkpoints) and its CPU, with the ratio to the reference meas
 same run; then the time to read one series' last hour and all series' last minute.
 
     .venv/bin/python benchmarks/store_write.py [--cgroups 100] [--ticks 1800]
-        [--fold 0 5 30 60]
+        [--fold 0 5 30 60] [--retention MINUTES]
+
+With `--retention M`, the default fold (30 s) is measured once more on a store already full to an
+M-minute retention, with `maintain` (the agent's retention pass) every 60 s as the agent runs
+it: at steady state each minute deletes a minute of rows from every table and its index, which
+a run on a fresh store never does (it holds nothing old enough). The table then gives each
+store's write and retention CPU per tick and the steady store's ratio to the fresh one, both
+measured in the same run.
 """
 
 from __future__ import annotations
@@ -24,10 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from sloguard.agent import MAINTAIN_S
 from sloguard.core.samples import Sample
 from sloguard.core.selectors import Matcher
 from sloguard.store import WindowQuery
-from sloguard.store.embedded import EmbeddedStore
+from sloguard.store.embedded import FOLD_EVERY_S, EmbeddedStore
 
 S = 10**9
 T0 = 1_800_000_000 * S
@@ -64,26 +72,41 @@ def written_bytes() -> int:
         return next(int(line.split()[1]) for line in handle if line.startswith("write_bytes"))
 
 
-def measure(fold: float, cgroups: int, ticks: int, work: Path) -> dict[str, float]:
-    path = work / f"fold-{fold:g}" / "samples.db"
+def measure(fold: float, cgroups: int, ticks: int, work: Path,
+            retention_s: float = 0.0) -> dict[str, float]:
+    """With `retention_s`, the store is first filled to it (`maintain` every MAINTAIN_S of the
+    sample clock, as the agent calls it), and the ticks measured are those of a full store."""
+    label = f"fold {fold:g}" + (f", full to {retention_s / 60:g} min" if retention_s else "")
+    path = work / label.replace(" ", "-").replace(",", "") / "samples.db"
     clock = [T0]
     # The fold is due by the sample clock, as in a 1 s agent.
-    store = EmbeddedStore(path, retention_s=7 * 86400, max_size=1 << 40, fold_every_s=fold,
-                          clock=lambda: clock[0] / S)
-    warm = min(ticks // 3, 600)  # the index has some depth before it is measured
+    store = EmbeddedStore(path, retention_s=retention_s or 7 * 86400, max_size=1 << 40,
+                          fold_every_s=fold, clock=lambda: clock[0] / S)
+    # the index has some depth before it is measured; a full store is measured once full
+    warm = int(retention_s) if retention_s else min(ticks // 3, 600)
+    spent = {"maintain": 0.0}
 
     def write(n: int) -> None:
         for _ in range(n):
             clock[0] += S
             store.write(tick(cgroups, clock[0]))
-    write(warm)
+            if retention_s and clock[0] // S % int(MAINTAIN_S) == 0:
+                start = time.process_time()
+                store.maintain(clock[0])
+                spent["maintain"] += time.process_time() - start
+
+    for done in range(0, warm, 600):
+        write(min(600, warm - done))
+        print(f"  {label}: filling, {min(done + 600, warm)}/{warm} ticks", file=sys.stderr,
+              flush=True)
+    spent["maintain"] = 0.0
     disk0, cpu0 = written_bytes(), time.process_time()
     done = 0
     while done < ticks:
         step = min(300, ticks - done)
         write(step)
         done += step
-        print(f"  fold {fold:g}: {done}/{ticks} ticks", file=sys.stderr, flush=True)
+        print(f"  {label}: {done}/{ticks} ticks", file=sys.stderr, flush=True)
     disk, cpu = written_bytes() - disk0, time.process_time() - cpu0
     now = clock[0] + 1
     one = WindowQuery("container_cpu", now - 3600 * S, now, fields=("usage_cores",),
@@ -95,10 +118,12 @@ def measure(fold: float, cgroups: int, ticks: int, work: Path) -> dict[str, floa
         for _ in range(5):
             store.read_series(query)
         reads[name] = (time.perf_counter() - start) / 5 * 1000
+    size = sum(p.stat().st_size for p in path.parent.iterdir())
     store.close()
     return {"kb_per_tick": disk / ticks / 1024, "cpu_ms_per_tick": cpu / ticks * 1000,
+            "maintain_ms_per_tick": spent["maintain"] / ticks * 1000,
             "read_one_hour_ms": reads["one"], "read_all_minute_ms": reads["all"],
-            "samples_per_tick": len(tick(cgroups, T0))}
+            "samples_per_tick": len(tick(cgroups, T0)), "mb": size / 1e6}
 
 
 def main() -> None:
@@ -106,11 +131,21 @@ def main() -> None:
     parser.add_argument("--cgroups", type=int, default=100)
     parser.add_argument("--ticks", type=int, default=1800)
     parser.add_argument("--fold", type=float, nargs="+", default=[0, 5, 30, 60])
+    parser.add_argument("--retention", type=float, default=0.0, metavar="MINUTES",
+                        help="also measure the default fold on a store full to this retention")
     args = parser.parse_args()
+    if args.retention < 0 or (args.retention and args.retention * 60 < MAINTAIN_S):
+        parser.error(f"--retention must be 0 or at least {MAINTAIN_S / 60:g} minute")
     folds = sorted(set(args.fold) | {0.0})
     work = Path(tempfile.mkdtemp(prefix="sloguard-store-write-"))
     try:
         results = {fold: measure(fold, args.cgroups, args.ticks, work) for fold in folds}
+        if args.retention:  # the same store twice: fresh, then full (fresh again after it)
+            steady = [measure(FOLD_EVERY_S, args.cgroups, args.ticks, work,
+                              args.retention * 60)]
+            fresh = [results.get(FOLD_EVERY_S) or measure(FOLD_EVERY_S, args.cgroups,
+                                                          args.ticks, work)]
+            fresh.append(measure(FOLD_EVERY_S, args.cgroups, args.ticks, work / "again"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     ref = results[0.0]
@@ -124,6 +159,18 @@ def main() -> None:
               f"{r['kb_per_tick'] / ref['kb_per_tick']:.2f}x | {r['cpu_ms_per_tick']:.2f} | "
               f"{r['cpu_ms_per_tick'] / ref['cpu_ms_per_tick']:.2f}x | "
               f"{r['read_one_hour_ms']:.1f} | {r['read_all_minute_ms']:.1f} |")
+    if args.retention:
+        cost = [r["cpu_ms_per_tick"] for r in fresh]
+        base = sum(cost) / len(cost)
+        print(f"\nfold {FOLD_EVERY_S:g} s, fresh (before and after) and full to a "
+              f"{args.retention:g}-minute retention with `maintain` every {MAINTAIN_S:g} s\n")
+        print("| store | CPU ms per tick (writes and retention) | of which retention | "
+              "vs fresh | disk KB per tick | MB on disk | read one series, 1 h (ms) |")
+        print("|---|---|---|---|---|---|---|")
+        for name, r in (("fresh", fresh[0]), ("full", steady[0]), ("fresh again", fresh[1])):
+            print(f"| {name} | {r['cpu_ms_per_tick']:.2f} | {r['maintain_ms_per_tick']:.2f} | "
+                  f"{r['cpu_ms_per_tick'] / base:.2f}x | {r['kb_per_tick']:.0f} | "
+                  f"{r['mb']:.0f} | {r['read_one_hour_ms']:.1f} |")
 
 
 if __name__ == "__main__":
