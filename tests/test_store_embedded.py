@@ -104,6 +104,36 @@ def test_retention_by_age(store):
     assert frame["time"].min() == pd.Timestamp(T0 + 30 * S, unit="ns", tz="UTC")
 
 
+def test_a_row_stamped_far_ahead_does_not_hold_retention_back(tmp_path):
+    """Retention deletes by write order (rowid) up to the first row not yet past the cutoff. A
+    row stamped far ahead (written while the wall clock was stepped forward, then set back)
+    must not be that row: every row written after it would outlive the retention until the
+    clock reached its stamp, for years if need be."""
+    store = EmbeddedStore(tmp_path / "s.db", retention_s=60, max_size=1 << 40, fold_every_s=0)
+    tags = {"node": "n"}
+    store.write([Sample("m", tags, {"v": 1.0}, T0)])
+    store.write([Sample("m", tags, {"v": 2.0}, T0 + 86400 * 365 * S)])  # a year ahead
+    store.write([Sample("m", tags, {"v": 3.0}, T0 + i * S) for i in range(1, 101)])
+    store.write([Sample("m", tags, {"v": 4.0}, T0 + 1000 * S)])  # within the retention
+    store.maintain(T0 + 1030 * S)  # cutoff T0 + 970 s
+    left = store.read(WindowQuery("m", 0, T0 + 86400 * 366 * S, fields=("v",)))
+    # the year-ahead row went with the rows written beside it; the fresh one stays
+    assert left["v"].tolist() == [4.0]
+    store.close()
+
+
+def test_fresh_rows_stamped_a_little_ahead_survive_retention(tmp_path):
+    """A pusher's clock runs a few seconds fast: when its rows are the only ones inside the
+    retention, they are not mistaken for rows stamped far ahead."""
+    store = EmbeddedStore(tmp_path / "s.db", retention_s=60, max_size=1 << 40, fold_every_s=0)
+    store.write([Sample("m", {"node": "n"}, {"v": 1.0}, T0 + i * S) for i in range(100)])
+    store.write([Sample("m", {"node": "n"}, {"v": 2.0}, T0 + 1020 * S)])  # 20 s ahead
+    store.maintain(T0 + 1000 * S)
+    left = store.read(WindowQuery("m", 0, T0 + 2000 * S, fields=("v",)))
+    assert left["v"].tolist() == [2.0]
+    store.close()
+
+
 def test_retention_by_size(tmp_path):
     store = EmbeddedStore(tmp_path / "s.db", retention_s=10 * 86400, max_size=600_000)
     batch = [Sample("m", {"node": "n", "i": str(i % 50)}, {"v": float(i)}, T0 + i * S // 100)

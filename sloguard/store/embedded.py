@@ -502,9 +502,16 @@ class EmbeddedStore:
                         self._fold(self._writer)
                 cutoff = now_ns - self.retention_ns
                 for table in self._catalog.tables.values():
+                    # Rows go by write order, up to the first one still inside the retention.
+                    # A row stamped more than a retention ahead cannot be that one (the wall
+                    # clock stepped forward, then back): it would keep every row written after
+                    # it until the clock reached its stamp, years if need be. It goes with
+                    # the rows written beside it. Stamped less ahead (a pusher's clock a few
+                    # seconds fast), it may be the only fresh row, and stays.
                     boundary = self._writer.execute(
-                        f"SELECT rowid FROM {table} WHERE ts >= ? ORDER BY rowid LIMIT 1",
-                        (cutoff,)).fetchone()
+                        f"SELECT rowid FROM {table} WHERE ts >= ? AND ts <= ? "
+                        "ORDER BY rowid LIMIT 1",
+                        (cutoff, now_ns + self.retention_ns)).fetchone()
                     if boundary is None:
                         boundary = self._writer.execute(
                             f"SELECT max(rowid) + 1 FROM {table}").fetchone()
