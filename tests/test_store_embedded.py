@@ -104,22 +104,37 @@ def test_retention_by_age(store):
     assert frame["time"].min() == pd.Timestamp(T0 + 30 * S, unit="ns", tz="UTC")
 
 
-def test_a_row_stamped_far_ahead_does_not_hold_retention_back(tmp_path):
-    """Retention deletes by write order (rowid) up to the first row not yet past the cutoff. A
-    row stamped far ahead (written while the wall clock was stepped forward, then set back)
-    must not be that row: every row written after it would outlive the retention until the
-    clock reached its stamp, for years if need be."""
-    store = EmbeddedStore(tmp_path / "s.db", retention_s=60, max_size=1 << 40, fold_every_s=0)
-    tags = {"node": "n"}
-    store.write([Sample("m", tags, {"v": 1.0}, T0)])
-    store.write([Sample("m", tags, {"v": 2.0}, T0 + 86400 * 365 * S)])  # a year ahead
-    store.write([Sample("m", tags, {"v": 3.0}, T0 + i * S) for i in range(1, 101)])
-    store.write([Sample("m", tags, {"v": 4.0}, T0 + 1000 * S)])  # within the retention
-    store.maintain(T0 + 1030 * S)  # cutoff T0 + 970 s
-    left = store.read(WindowQuery("m", 0, T0 + 86400 * 366 * S, fields=("v",)))
-    # the year-ahead row went with the rows written beside it; the fresh one stays
-    assert left["v"].tolist() == [4.0]
+def test_a_clock_stepped_back_deletes_nothing_inside_the_retention(tmp_path):
+    """Retention goes in write order up to the first row inside the retention. After the wall
+    clock is stepped back (a node that booted on a wrong RTC), every row written before is
+    stamped ahead of it: none may be taken for one past the retention (a fix for rows stamped
+    far ahead that skipped them took 6 h of data at one pass)."""
+    hour = 3600 * S
+    store = EmbeddedStore(tmp_path / "s.db", retention_s=6 * 3600, max_size=1 << 40)
+    store.write([Sample("m", {"node": "n"}, {"v": 1.0}, T0 + i * 60 * S) for i in range(360)])
+    back = T0 + 6 * hour - 13 * hour  # the clock now 13 h behind
+    store.write([Sample("m", {"node": "n"}, {"v": 2.0}, back)])
+    store.maintain(back)
+    left = store.read(WindowQuery("m", 0, T0 + 7 * hour, fields=("v",)))
+    assert len(left) == 361
     store.close()
+
+
+def test_a_late_sample_does_not_age_its_series_out(tmp_path):
+    """A series' last-seen time is its newest sample's, not the last one written: a sample
+    older than the retention, written after fresh ones, made retention drop the series' entry
+    and so hide every fresh row of it."""
+    for fold in (0, 30):
+        store = EmbeddedStore(tmp_path / f"s{fold}.db", retention_s=3600, max_size=1 << 40,
+                              fold_every_s=fold)
+        store.write([Sample("m", {"node": "n"}, {"v": float(i)}, T0 + i * S)
+                     for i in range(3000)] + [Sample("m", {"node": "n"}, {"v": -1.0},
+                                                     T0 - 7200 * S)])
+        store.write([Sample("m", {"node": "n"}, {"v": -2.0}, T0 - 7100 * S)])  # a later batch
+        store.maintain(T0 + 3000 * S)
+        left = store.read(WindowQuery("m", T0, T0 + 4000 * S, fields=("v",)))
+        assert left["v"].tolist() == [float(i) for i in range(3000)], fold
+        store.close()
 
 
 def test_fresh_rows_stamped_a_little_ahead_survive_retention(tmp_path):

@@ -245,7 +245,9 @@ class EmbeddedStore:
             seen: dict[int, int] = {}
             for sample in samples:
                 sid = self._series_id(conn, sample)
-                seen[sid] = sample.time_ns
+                # the newest, not the last: a late sample must not age the series out
+                if sample.time_ns > seen.get(sid, INT64_MIN):
+                    seen[sid] = sample.time_ns
                 names = tuple(sample.fields)
                 groups[sample.measurement][names].append(
                     (sid, sample.time_ns, *sample.fields.values()))
@@ -288,7 +290,10 @@ class EmbeddedStore:
             # a value SQLite cannot bind (OverflowError, TypeError, UnicodeEncodeError,
             # sqlite3.ProgrammingError...), found the hard way: find the sample, drop it
             raise _Unstorable("value", f"{exc.__class__.__name__}: {exc}") from exc
-        self._last_seen.update(seen)
+        last = self._last_seen
+        for sid, ts in seen.items():
+            if ts > last.get(sid, INT64_MIN):
+                last[sid] = ts
         self.rows_written += rows
         self._last_error = ""
 
@@ -502,16 +507,15 @@ class EmbeddedStore:
                         self._fold(self._writer)
                 cutoff = now_ns - self.retention_ns
                 for table in self._catalog.tables.values():
-                    # Rows go by write order, up to the first one still inside the retention.
-                    # A row stamped more than a retention ahead cannot be that one (the wall
-                    # clock stepped forward, then back): it would keep every row written after
-                    # it until the clock reached its stamp, years if need be. It goes with
-                    # the rows written beside it. Stamped less ahead (a pusher's clock a few
-                    # seconds fast), it may be the only fresh row, and stays.
+                    # Rows go in write order, up to the first one still inside the retention:
+                    # never one stamped after the cutoff, whatever the clock did. A row stamped
+                    # far ahead (the wall clock stepped forward, then back) therefore keeps the
+                    # rows written after it until the clock reaches its stamp, or the size
+                    # bound takes them: skipping it instead would also take every row written
+                    # before a clock stepped back (docs/storage.md).
                     boundary = self._writer.execute(
-                        f"SELECT rowid FROM {table} WHERE ts >= ? AND ts <= ? "
-                        "ORDER BY rowid LIMIT 1",
-                        (cutoff, now_ns + self.retention_ns)).fetchone()
+                        f"SELECT rowid FROM {table} WHERE ts >= ? ORDER BY rowid LIMIT 1",
+                        (cutoff,)).fetchone()
                     if boundary is None:
                         boundary = self._writer.execute(
                             f"SELECT max(rowid) + 1 FROM {table}").fetchone()
@@ -555,7 +559,7 @@ class EmbeddedStore:
     def _flush_last_seen(self) -> None:
         if self._last_seen:
             self._writer.executemany(
-                "UPDATE series SET last_ns = ? WHERE id = ?",
+                "UPDATE series SET last_ns = max(last_ns, ?) WHERE id = ?",
                 [(ts, sid) for sid, ts in self._last_seen.items()],
             )
             self._last_seen.clear()
