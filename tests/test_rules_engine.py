@@ -1306,6 +1306,45 @@ def test_shipped_ls_stall_rules_drive_the_policy_only_while_be_work_runs(tmp_pat
     assert stall.state == FIRING and stall.policy == policy
 
 
+@pytest.mark.parametrize(("file", "rule", "resource"), [
+    ("node-pressure.yaml", "LSCpuStall", "cpu"),
+    ("io-and-memory.yaml", "LSMemoryStall", "memory")])
+def test_shipped_ls_stall_rules_end_with_the_be_work(tmp_path, file, rule, resource):
+    """Issue #23: no firing after the antagonist stopped, and the levers lifted soon after.
+    The lab (2026-12-07) had LSCpuStall fire 0.8 s after a cpu antagonist's end, on a VM whose
+    own stalls kept the LS cgroup's CPU PSI high: its BE-busy condition was a maximum over
+    5 s, still true after BE had stopped, and its 30 s recover_for kept the levers on into
+    the next episode."""
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parent.parent / "rules" / file
+    h = _Harness(tmp_path, shipped.read_text())
+
+    def tick(second: int, be_cores: float) -> None:
+        now = h.now = T0 + second * S
+        samples = [
+            Sample("container_pressure", {"node": "node-a", "class": "LS", "level": "pod",
+                                          "pod": "web", "resource": resource},
+                   {"some_rate": 40.0}, now),  # LS stalls throughout (the machine's own)
+            Sample("container_cpu", {"node": "node-a", "class": "BE", "level": "pod",
+                                     "pod": "batch"}, {"usage_cores": be_cores}, now)]
+        h.store.write(samples)
+        h.windows.add(samples)
+        h.engine.evaluate(now)
+
+    for second in range(8):  # BE busy for 8 s: pending, not yet `for`
+        tick(second, 1.5)
+    for second in range(8, 40):  # BE stopped
+        tick(second, 0.0)
+        assert not any(i.rule == rule and i.state == FIRING for i in h.all()), second
+    for second in range(40, 70):  # BE busy long enough: it fires
+        tick(second, 1.5)
+    [stall] = [i for i in h.all() if i.rule == rule and i.state == FIRING]
+    for second in range(70, 82):  # BE stopped: resolved within 12 s, LS still stalling
+        tick(second, 0.0)
+    assert h.incidents.get(stall.id).state == RESOLVED
+
+
 def test_the_agents_own_events_are_incidents_of_the_engine(tmp_path):
     """RulesInvalid is made, saved, handed on (firing) and ended by the engine like a rule's
     incident, and a restarted engine continues the one left open instead of opening another
