@@ -1310,11 +1310,12 @@ def test_shipped_ls_stall_rules_drive_the_policy_only_while_be_work_runs(tmp_pat
     ("node-pressure.yaml", "LSCpuStall", "cpu"),
     ("io-and-memory.yaml", "LSMemoryStall", "memory")])
 def test_shipped_ls_stall_rules_end_with_the_be_work(tmp_path, file, rule, resource):
-    """Issue #23: no firing after the antagonist stopped, and the levers lifted soon after.
-    The lab (2026-12-07) had LSCpuStall fire 0.8 s after a cpu antagonist's end, on a VM whose
-    own stalls kept the LS cgroup's CPU PSI high: its BE-busy condition was a maximum over
-    5 s, still true after BE had stopped, and its 30 s recover_for kept the levers on into
-    the next episode."""
+    """Issue #23: no firing after the antagonist stopped, and the incident (so the levers it
+    holds) ended soon after. The lab (2026-12-07) had LSCpuStall fire 0.8 s after a cpu
+    antagonist's end, on a VM whose own stalls kept the LS cgroup's CPU PSI high: its BE-busy
+    condition was a maximum over 5 s, still true after BE had stopped, and its 30 s
+    recover_for kept the levers on into the next episode. (The 8 s of busy BE below are
+    under the rules' 10 s `for`.)"""
     from pathlib import Path
 
     shipped = Path(__file__).resolve().parent.parent / "rules" / file

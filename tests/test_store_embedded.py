@@ -137,6 +137,24 @@ def test_a_late_sample_does_not_age_its_series_out(tmp_path):
         store.close()
 
 
+def test_a_late_sample_after_a_retention_pass_or_a_restart_keeps_the_series(tmp_path):
+    """The newest time is kept in the database too: after `maintain` wrote it out, or after a
+    restart emptied the agent's memory of it, a late sample must not lower it."""
+    path = tmp_path / "s.db"
+    store = EmbeddedStore(path, retention_s=3600, max_size=1 << 40)
+    store.write([Sample("m", {"node": "n"}, {"v": float(i)}, T0 + i * S) for i in range(100)])
+    store.maintain(T0 + 100 * S)  # the newest time goes to the database
+    store.write([Sample("m", {"node": "n"}, {"v": -1.0}, T0 - 7200 * S)])
+    store.maintain(T0 + 200 * S)
+    store.close()
+    store = EmbeddedStore(path, retention_s=3600, max_size=1 << 40)  # a restart
+    store.write([Sample("m", {"node": "n"}, {"v": -2.0}, T0 - 7100 * S)])
+    store.maintain(T0 + 300 * S)
+    left = store.read(WindowQuery("m", T0, T0 + 400 * S, fields=("v",)))
+    assert left["v"].tolist() == [float(i) for i in range(100)]
+    store.close()
+
+
 def test_fresh_rows_stamped_a_little_ahead_survive_retention(tmp_path):
     """A pusher's clock runs a few seconds fast: when its rows are the only ones inside the
     retention, they are not mistaken for rows stamped far ahead."""
