@@ -1273,6 +1273,20 @@ def test_shipped_slo_rules_route_an_io_bound_be_to_the_io_policy(tmp_path):
     assert firing() == {"LSLatencyInterference": "ls-interference"}
 
 
+def _ls_stalled_tick(h: _Harness, resource: str, second: int, be_cores: float) -> None:
+    """One tick of an LS cgroup stalled on `resource` 40% of the time beside a BE pod."""
+    now = h.now = T0 + second * S
+    samples = [
+        Sample("container_pressure", {"node": "node-a", "class": "LS", "level": "pod",
+                                      "pod": "web", "resource": resource},
+               {"some_rate": 40.0}, now),
+        Sample("container_cpu", {"node": "node-a", "class": "BE", "level": "pod",
+                                 "pod": "batch"}, {"usage_cores": be_cores}, now)]
+    h.store.write(samples)
+    h.windows.add(samples)
+    h.engine.evaluate(now)
+
+
 @pytest.mark.parametrize(("file", "rule", "resource", "policy"), [
     ("node-pressure.yaml", "LSCpuStall", "cpu", "ls-interference"),
     ("io-and-memory.yaml", "LSMemoryStall", "memory", "ls-memory")])
@@ -1286,16 +1300,7 @@ def test_shipped_ls_stall_rules_drive_the_policy_only_while_be_work_runs(tmp_pat
     h = _Harness(tmp_path, shipped.read_text())
 
     def tick(second: int, be_cores: float) -> None:
-        now = h.now = T0 + second * S
-        samples = [
-            Sample("container_pressure", {"node": "node-a", "class": "LS", "level": "pod",
-                                          "pod": "web", "resource": resource},
-                   {"some_rate": 40.0}, now),
-            Sample("container_cpu", {"node": "node-a", "class": "BE", "level": "pod",
-                                     "pod": "batch"}, {"usage_cores": be_cores}, now)]
-        h.store.write(samples)
-        h.windows.add(samples)
-        h.engine.evaluate(now)
+        _ls_stalled_tick(h, resource, second, be_cores)
 
     for second in range(40):  # stalled, BE idle
         tick(second, 0.02)
@@ -1321,17 +1326,8 @@ def test_shipped_ls_stall_rules_end_with_the_be_work(tmp_path, file, rule, resou
     shipped = Path(__file__).resolve().parent.parent / "rules" / file
     h = _Harness(tmp_path, shipped.read_text())
 
-    def tick(second: int, be_cores: float) -> None:
-        now = h.now = T0 + second * S
-        samples = [
-            Sample("container_pressure", {"node": "node-a", "class": "LS", "level": "pod",
-                                          "pod": "web", "resource": resource},
-                   {"some_rate": 40.0}, now),  # LS stalls throughout (the machine's own)
-            Sample("container_cpu", {"node": "node-a", "class": "BE", "level": "pod",
-                                     "pod": "batch"}, {"usage_cores": be_cores}, now)]
-        h.store.write(samples)
-        h.windows.add(samples)
-        h.engine.evaluate(now)
+    def tick(second: int, be_cores: float) -> None:  # LS stalls throughout: the VM's own
+        _ls_stalled_tick(h, resource, second, be_cores)
 
     for second in range(8):  # BE busy for 8 s: pending, not yet `for`
         tick(second, 1.5)
