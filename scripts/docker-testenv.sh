@@ -15,6 +15,13 @@ if ((${#missing[@]})); then
     apt_get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 fi
 if ! docker info >/dev/null 2>&1; then
+    # a dockerd killed without its cleanup leaves its pid file, and a new one refuses to start
+    # ("pid file found") until it is gone
+    pid=$(cat /var/run/docker.pid 2>/dev/null || true)
+    if [[ -n $pid ]] && ! grep -qs dockerd "/proc/$pid/comm"; then
+        log "removing a stale /var/run/docker.pid (pid $pid is not a running dockerd)"
+        rm -f /var/run/docker.pid
+    fi
     log "starting dockerd..."
     nohup dockerd >/var/log/sloguard-dockerd.log 2>&1 &
     for _ in $(seq 1 60); do
