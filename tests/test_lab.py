@@ -554,11 +554,19 @@ def test_short_lab_run_shows_the_guardrail_working(tmp_path: Path) -> None:
     assert set(psi) == set(ways_run), rows
     assert 0 < psi["baseline"]["threshold"] <= psi["baseline"]["quiet_max"]
     assert all(len(r["crossing_s"]) == len(r["firing_s"]) == 1 for r in psi.values())
-    for way in ("unguarded", "guarded"):  # its firing is the lab analysis's, read apart
+    for way in ("unguarded", "guarded"):  # the latency rule's firing, read apart
         [fired] = psi[way]["firing_s"]
         [timing] = ways[way].episodes
-        if timing.fired_s is not None and timing.fired_s >= 0:
-            assert fired == pytest.approx(timing.fired_s, abs=0.01), (way, fired, timing)
+        result = WayResult.load(out / "cache" / way)
+        latency = sorted((i["fired_ns"] - result.start_ns) / 1e9 - timing.start_s
+                         for i in result.incidents
+                         if i.get("rule") == "LSLatencyInterference" and i.get("fired_ns"))
+        latency = [f for f in latency if f >= 0]
+        # the analysis judges an episode on the first firing of any rule that drives a policy
+        # (in CI an I/O-stall rule once fired 5.4 s before the latency rule): never later
+        if fired is not None and latency:
+            assert fired == pytest.approx(latency[0], abs=0.01), (way, fired, latency)
+            assert timing.fired_s is not None and timing.fired_s <= fired + 0.01, (way, timing)
     assert "| cache | unguarded | LS CPU PSI some" in done.stdout
     assert plot_file.stat().st_size > 10_000
 
