@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import textwrap
@@ -1299,8 +1300,7 @@ def test_shipped_ls_stall_rules_drive_the_policy_only_while_be_work_runs(tmp_pat
     shipped = Path(__file__).resolve().parent.parent / "rules" / file
     h = _Harness(tmp_path, shipped.read_text())
 
-    def tick(second: int, be_cores: float) -> None:
-        _ls_stalled_tick(h, resource, second, be_cores)
+    tick = functools.partial(_ls_stalled_tick, h, resource)
 
     for second in range(40):  # stalled, BE idle
         tick(second, 0.02)
@@ -1326,8 +1326,7 @@ def test_shipped_ls_stall_rules_end_with_the_be_work(tmp_path, file, rule, resou
     shipped = Path(__file__).resolve().parent.parent / "rules" / file
     h = _Harness(tmp_path, shipped.read_text())
 
-    def tick(second: int, be_cores: float) -> None:  # LS stalls throughout: the VM's own
-        _ls_stalled_tick(h, resource, second, be_cores)
+    tick = functools.partial(_ls_stalled_tick, h, resource)  # LS stalls throughout
 
     for second in range(8):  # BE busy for 8 s: pending, not yet `for`
         tick(second, 1.5)

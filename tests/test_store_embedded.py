@@ -157,7 +157,7 @@ def test_a_late_sample_after_a_retention_pass_or_a_restart_keeps_the_series(tmp_
 
 def test_fresh_rows_stamped_a_little_ahead_survive_retention(tmp_path):
     """A pusher's clock runs a few seconds fast: when its rows are the only ones inside the
-    retention, they are not mistaken for rows stamped far ahead."""
+    retention, they stay (retention never deletes a row stamped after its cutoff)."""
     store = EmbeddedStore(tmp_path / "s.db", retention_s=60, max_size=1 << 40, fold_every_s=0)
     store.write([Sample("m", {"node": "n"}, {"v": 1.0}, T0 + i * S) for i in range(100)])
     store.write([Sample("m", {"node": "n"}, {"v": 2.0}, T0 + 1020 * S)])  # 20 s ahead
