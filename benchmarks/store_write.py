@@ -31,10 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from sloguard.agent import MAINTAIN_S
 from sloguard.core.samples import Sample
 from sloguard.core.selectors import Matcher
-from sloguard.store import WindowQuery
+from sloguard.store import MAINTAIN_EVERY_S, WindowQuery
 from sloguard.store.embedded import FOLD_EVERY_S, EmbeddedStore
 
 S = 10**9
@@ -74,7 +73,7 @@ def written_bytes() -> int:
 
 def measure(fold: float, cgroups: int, ticks: int, work: Path,
             retention_s: float = 0.0) -> dict[str, float]:
-    """With `retention_s`, the store is first filled to it (`maintain` every MAINTAIN_S of the
+    """With `retention_s`, the store is first filled to it (`maintain` every MAINTAIN_EVERY_S of the
     sample clock, as the agent calls it), and the ticks measured are those of a full store."""
     label = f"fold {fold:g}" + (f", full to {retention_s / 60:g} min" if retention_s else "")
     path = work / label.replace(" ", "-").replace(",", "") / "samples.db"
@@ -90,7 +89,7 @@ def measure(fold: float, cgroups: int, ticks: int, work: Path,
         for _ in range(n):
             clock[0] += S
             store.write(tick(cgroups, clock[0]))
-            if retention_s and clock[0] // S % int(MAINTAIN_S) == 0:
+            if retention_s and clock[0] // S % int(MAINTAIN_EVERY_S) == 0:
                 start = time.process_time()
                 store.maintain(clock[0])
                 spent["maintain"] += time.process_time() - start
@@ -134,8 +133,8 @@ def main() -> None:
     parser.add_argument("--retention", type=float, default=0.0, metavar="MINUTES",
                         help="also measure the default fold on a store full to this retention")
     args = parser.parse_args()
-    if args.retention < 0 or (args.retention and args.retention * 60 < MAINTAIN_S):
-        parser.error(f"--retention must be 0 or at least {MAINTAIN_S / 60:g} minute")
+    if args.retention < 0 or (args.retention and args.retention * 60 < MAINTAIN_EVERY_S):
+        parser.error(f"--retention must be 0 or at least {MAINTAIN_EVERY_S / 60:g} minute")
     folds = sorted(set(args.fold) | {0.0})
     work = Path(tempfile.mkdtemp(prefix="sloguard-store-write-"))
     try:
@@ -163,7 +162,7 @@ def main() -> None:
         cost = [r["cpu_ms_per_tick"] for r in fresh]
         base = sum(cost) / len(cost)
         print(f"\nfold {FOLD_EVERY_S:g} s, fresh (before and after) and full to a "
-              f"{args.retention:g}-minute retention with `maintain` every {MAINTAIN_S:g} s\n")
+              f"{args.retention:g}-minute retention with `maintain` every {MAINTAIN_EVERY_S:g} s\n")
         print("| store | CPU ms per tick (writes and retention) | of which retention | "
               "vs fresh | disk KB per tick | MB on disk | read one series, 1 h (ms) |")
         print("|---|---|---|---|---|---|---|")

@@ -48,7 +48,7 @@ from sloguard.detector.recent import RecentWindows
 from sloguard.detector.registry import DetectorRegistry
 from sloguard.detector.rules import RuleSet
 from sloguard.settings import Settings
-from sloguard.store import StoreError
+from sloguard.store import MAINTAIN_EVERY_S, StoreError
 from sloguard.store.factory import open_configured_store
 from sloguard.store.incidents_db import IncidentStore
 from sloguard.supervisor import Supervisor
@@ -60,7 +60,6 @@ CONFIRM_S = 0.1  # confirm_interference: BE's fresh sample covers at least this 
 SETTLE_AFTER_TICKS = 5  # the heap is settled (Agent.settle_heap) after this many ticks
 
 RULE_RELOAD_S = 10.0
-MAINTAIN_S = 60.0
 
 
 class Agent:
@@ -151,7 +150,7 @@ class Agent:
         self.supervisor = Supervisor()
         self._store_error = ""
         self._next_reload = 0.0
-        self._next_maintain = clock.mono_ns() / 1e9 + MAINTAIN_S  # the clock's, in seconds
+        self._next_maintain = clock.mono_ns() / 1e9 + MAINTAIN_EVERY_S  # the clock's, in seconds
         self.metrics.gauge_callback(
             "sloguard_incidents", "Incidents by state", "state", self.incidents.counts_by_state
         )
@@ -616,7 +615,7 @@ class Agent:
             except Exception:
                 log.exception("alerting failed")
         if mono >= self._next_maintain:
-            self._next_maintain = mono + MAINTAIN_S
+            self._next_maintain = mono + MAINTAIN_EVERY_S
             try:
                 self.store.maintain(now_ns)
             except StoreError as exc:

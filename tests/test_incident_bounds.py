@@ -8,7 +8,7 @@ import sqlite3
 
 from test_clock_jumps import SteppedClock
 
-from sloguard.agent import MAINTAIN_S, Agent
+from sloguard.agent import Agent
 from sloguard.core.incidents import (
     COMPACTED,
     FIRING,
@@ -20,6 +20,7 @@ from sloguard.core.incidents import (
     Incident,
 )
 from sloguard.settings import load_settings
+from sloguard.store import MAINTAIN_EVERY_S
 from sloguard.store.incidents_db import IncidentStore
 
 S = 10**9
@@ -71,8 +72,8 @@ def test_resolved_incidents_leave_the_table_after_the_retention(tmp_path):
         agent.incidents.save(_incident(2, RESOLVED, now - 6 * DAY))
         agent.incidents.save(_incident(3, FIRING, now - 30 * DAY))  # open: kept however old
         agent.tick()
-        assert agent.incidents.get("inc-0001") is not None  # not yet: every MAINTAIN_S
-        clock.mono += int(MAINTAIN_S * S)
+        assert agent.incidents.get("inc-0001") is not None  # not yet: every MAINTAIN_EVERY_S
+        clock.mono += int(MAINTAIN_EVERY_S * S)
         agent.tick()
         assert agent.incidents.get("inc-0001") is None
         assert agent.incidents.get("inc-0002") is not None

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 AGGREGATIONS = ("mean", "min", "max", "sum", "count", "first", "last", "median")
+# How often the agent calls `Store.maintain`: the embedded store's retention deletes this much of
+# every table at a time (benchmarks/store_write.py --retention measures a store at that pace).
+MAINTAIN_EVERY_S = 60.0
 
 
 def check_aggregation(agg: str) -> str:
@@ -68,7 +71,7 @@ class Store(Protocol):
         ...
 
     def maintain(self, now_ns: int) -> None:
-        """Apply retention; called periodically by the agent."""
+        """Apply retention; the agent calls it every MAINTAIN_EVERY_S."""
         ...
 
     def status(self) -> ComponentStatus: ...
