@@ -255,6 +255,23 @@ class Engine(AlertLifecycle):
         return {key: aggregate(times, values, spec.aggregate)
                 for key, (times, values) in window.items()}
 
+    def _latest(self, rule: LoadedRule, now_ns: int, spec: Any) -> dict[SeriesKey, float]:
+        """An `and:` condition judged on fresh samples (a firing's confirmation): its newest
+        sample per series, not its window's aggregate. A maximum (or mean, percentile...) over
+        5 s still held 5 s after BE stopped, whatever the fresh read said, and the ladder acted
+        after the antagonist's end (docs/rules.md, "A firing is confirmed on fresh samples").
+        A rate is taken over the last two samples; a sum or count is what happened in the
+        whole window, which no single sample tells, and keeps it."""
+        if spec.aggregate in ("sum", "count"):
+            return self._values(rule, now_ns, spec)
+        subscription, _ = self.windows.subscribe(spec.selector, spec.field, spec.window)
+        start_ns = now_ns - int(spec.window * 1e9)
+        if spec.aggregate != "rate":
+            return subscription.last(start_ns, now_ns + 1)
+        window = subscription.window(start_ns, now_ns + 1)
+        return {key: aggregate(times[-2:], values[-2:], "rate")
+                for key, (times, values) in window.items()}
+
     def sync_windows(self, store: Any, now_ns: int) -> int:
         """Subscribe the loaded rules to recent data; backfill new subscriptions from the store.
 
@@ -307,8 +324,10 @@ class Engine(AlertLifecycle):
         inputs = {**values, **dict.fromkeys(silent, math.nan)} if silent else values
         main, *others = signal_keys(rule)
         jobs = [(main, rule.spec, inputs)]
-        for key, (_, _, condition) in zip(others, rule.spec.conditions, strict=True):
-            jobs.append((key, condition, self._values(rule, now_ns, condition)))
+        latest = self._fresh and self._judged_again(rule)
+        for key, (kind, _, condition) in zip(others, rule.spec.conditions, strict=True):
+            read = self._latest if latest and kind == "and" else self._values
+            jobs.append((key, condition, read(rule, now_ns, condition)))
         # Plugin code (constructors included) runs on the worker, under the deadline; what it
         # builds is kept only once the run has succeeded.
         plans = [self._plan(key, spec, inputs) for key, spec, inputs in jobs]

@@ -702,6 +702,69 @@ def test_a_firing_on_conditions_waits_for_them_on_fresh_samples(tmp_path):
     assert h.engine._judged_again(h.rules.rules[0])
 
 
+@pytest.mark.parametrize("how, busy, idle", [
+    ("max", [3.0, 3.0, 3.0], [0.0]),
+    ("mean", [3.0, 3.0, 3.0], [0.0]),
+    ("p99", [3.0, 3.0, 3.0], [0.0]),
+    ("rate", [0.0, 4.0, 8.0], [8.0]),  # a counter: 4 a second, then no increase
+])
+def test_a_confirmation_judges_a_condition_on_its_newest_sample(tmp_path, how, busy, idle):
+    """A condition aggregated over its window (BE busy: the maximum over 5 s) held for 5 s
+    after BE stopped, so the confirmation on fresh samples still fired; it is judged on the
+    newest sample (a rate on the last two) when confirming."""
+    rules = COMPOUND.replace("for: 2s", "for: 0s").replace(
+        "aggregate: last\n            window: 3s\n            params: {above: 1.5}",
+        f"aggregate: {how}\n            window: 5s\n            params: {{above: 1.5}}")
+    assert f"aggregate: {how}" in rules
+    h = _Harness(tmp_path, rules)
+    h.engine.confirm_firing = True
+
+    def be(ns, usage):
+        h.windows.add([Sample("cpu", {"node": "node-a", "class": "BE", "pod": "batch"},
+                              {"usage": usage}, ns)])
+
+    for second, usage in enumerate(busy):  # BE busy, LS within its objective
+        be(T0 + second * S, usage)
+        h.at(second, 1.0)
+    stop = len(busy)
+    be(T0 + stop * S, idle[0])  # BE has stopped; LS is slow (its window lags)
+    h.at(stop, 30.0)
+    assert h.engine.awaiting_fresh == {"ls/LSSlow"}  # the window still says busy
+    be(T0 + stop * S + S // 10, idle[0])  # read again 100 ms later: still stopped
+    h.engine.evaluate(T0 + stop * S + S // 10, fresh=True,
+                      only=frozenset(h.engine.awaiting_fresh))
+    assert h.all() == [] and h.engine.firing() == []
+    # BE back: the fresh sample is busy, so the firing goes ahead
+    back = busy[-1] + 4.0 if how == "rate" else busy[-1]
+    be(T0 + (stop + 1) * S, back)
+    h.at(stop + 1, 30.0)
+    be(T0 + (stop + 1) * S + S // 10, back + 0.4 if how == "rate" else back)
+    h.engine.evaluate(T0 + (stop + 1) * S + S // 10, fresh=True,
+                      only=frozenset(h.engine.awaiting_fresh))
+    assert [i.state for i in h.all()] == [FIRING]
+
+
+def test_a_confirmation_keeps_a_condition_that_counts_its_window(tmp_path):
+    """A sum or count over the window is what happened in it: no single sample tells it, so
+    the confirmation judges the window as the tick did."""
+    rules = COMPOUND.replace("for: 2s", "for: 0s").replace(
+        "aggregate: last\n            window: 3s\n            params: {above: 1.5}",
+        "aggregate: sum\n            window: 5s\n            params: {above: 1.5}")
+    h = _Harness(tmp_path, rules)
+    h.engine.confirm_firing = True
+
+    def be(ns, events):
+        h.windows.add([Sample("cpu", {"node": "node-a", "class": "BE", "pod": "batch"},
+                              {"usage": events}, ns)])
+
+    be(T0, 2.0)  # two OOM kills, say, a second ago
+    be(T0 + S, 0.0)
+    h.at(1, 30.0)
+    be(T0 + S + S // 10, 0.0)
+    h.engine.evaluate(T0 + S + S // 10, fresh=True, only=frozenset(h.engine.awaiting_fresh))
+    assert [i.state for i in h.all()] == [FIRING]
+
+
 def test_the_cause_of_a_policy_is_its_rules_and_conditions_even_after_recovery(tmp_path):
     """Engine.cause_present: what tells the ladder "the lever works" (LS recovered, BE still
     busy: keep the levers) from "the cause is gone" (BE stopped: lift them)."""
