@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from sloguard.core.incidents import (
     AGENT_GROUP,
+    FIRING,
     PENDING,
     ActionRecord,
     Incident,
@@ -112,13 +113,23 @@ class Engine(AlertLifecycle):
     # rule keys whose firing waits for that evaluation on fresh samples
     awaiting_fresh: set[str] = field(default_factory=set)
     _fresh: bool = False  # the evaluation in progress judges conditions read afresh
+    # the measurements read afresh for it (their samples stamped at its time): the newest
+    # sample of one of their series is that read's, or the series is gone (_newest)
+    _reread: frozenset[str] = frozenset()
+    # what the last fresh evaluation's newest samples say of each rule's cause (its window's
+    # cause and theirs): a lever about to go on asks it (cause_present(now=True))
+    _causes_now: dict[str, tuple[str, bool | None]] = field(default_factory=dict)
 
-    def cause_present(self, policy: str) -> bool | None:
+    def cause_present(self, policy: str, now: bool = False) -> bool | None:
         """Whether the cause a policy's levers answer is still there: the `and:` conditions
         (BE busy, BE stalled on I/O) of a rule that drives it hold at its last evaluation.
         None when no loaded rule driving it has such a condition: nothing tells "the lever
-        works" from "the cause is gone" then (docs/actuators.md, "The end of an episode")."""
-        held = [holds for name, holds in self._causes.values() if name == policy]
+        works" from "the cause is gone" then (docs/actuators.md, "The end of an episode").
+        `now`: right after a fresh evaluation, a lever about to go on asks also the newest
+        samples (a condition's window remembers BE busy after it stopped); a lever comes off
+        on the window alone, never on one 100 ms read that caught BE idle between bursts."""
+        causes = {**self._causes, **self._causes_now} if now else self._causes
+        held = [holds for name, holds in causes.values() if name == policy]
         if any(held):
             return True
         return False if held and all(h is False for h in held) else None
@@ -155,7 +166,8 @@ class Engine(AlertLifecycle):
 
     def evaluate(self, now_ns: int, mono_ns: int | None = None,
                  arrived: frozenset[str] | None = None, fresh: bool = False,
-                 only: frozenset[str] | None = None) -> None:
+                 only: frozenset[str] | None = None,
+                 reread: frozenset[str] = frozenset()) -> None:
         """One evaluation of every rule due. `now_ns` (wall time) selects the windows, as the
         samples are stamped with it, and labels what is recorded; `mono_ns` (monotonic) runs
         every timer: `for`, `recover_for`, rule intervals and the back-off of a hung rule.
@@ -163,9 +175,11 @@ class Engine(AlertLifecycle):
         With `arrived` (measurements that just arrived between ticks): only the `on_arrival`
         rules whose own signal is one of them. `fresh`: the samples the rules' conditions read
         were collected after the last evaluation (a firing held for them may go ahead); with
-        `only`, just those rules, due or not (the firings `awaiting_fresh`)."""
+        `only`, just those rules, due or not (the firings `awaiting_fresh`); `reread`: the
+        measurements that fresh read collected, stamped `now_ns` (_newest)."""
         mono = self._mono_ns = now_ns if mono_ns is None else mono_ns
-        self._fresh = fresh
+        self._fresh, self._reread = fresh, reread if fresh else frozenset()
+        self._causes_now = {}
         self._retry_saves()
         active_rules = self.rules.rules
         keys = {rule.key for rule in active_rules}
@@ -255,22 +269,34 @@ class Engine(AlertLifecycle):
         return {key: aggregate(times, values, spec.aggregate)
                 for key, (times, values) in window.items()}
 
-    def _latest(self, rule: LoadedRule, now_ns: int, spec: Any) -> dict[SeriesKey, float]:
-        """An `and:` condition judged on fresh samples (a firing's confirmation): its newest
-        sample per series, not its window's aggregate. A maximum (or mean, percentile...) over
-        5 s still held 5 s after BE stopped, whatever the fresh read said, and the ladder acted
-        after the antagonist's end (docs/rules.md, "A firing is confirmed on fresh samples").
-        A rate is taken over the last two samples; a sum or count is what happened in the
-        whole window, which no single sample tells, and keeps it."""
-        if spec.aggregate in ("sum", "count"):
-            return self._values(rule, now_ns, spec)
+    def _newest(self, now_ns: int, spec: Any) -> dict[SeriesKey, float]:
+        """An `and:` condition's newest sample per series (a rate: over its last two), for a
+        firing or a lever confirmed on fresh samples; a sum or count is what happened in the
+        whole window, which no single sample tells, and keeps the window. For a measurement
+        read afresh, a series without a sample of that read has gone (its pod exited): its
+        newest would be the tick's, which spans the antagonist's end and reads busy."""
         subscription, _ = self.windows.subscribe(spec.selector, spec.field, spec.window)
         start_ns = now_ns - int(spec.window * 1e9)
-        if spec.aggregate != "rate":
-            return subscription.last(start_ns, now_ns + 1)
-        window = subscription.window(start_ns, now_ns + 1)
-        return {key: aggregate(times[-2:], values[-2:], "rate")
-                for key, (times, values) in window.items()}
+        if spec.aggregate in ("sum", "count"):
+            return subscription.reduce(start_ns, now_ns + 1, spec.aggregate)
+        since = now_ns if spec.selector.measurement in self._reread else start_ns
+        newest: dict[SeriesKey, float] = {}
+        wanted = 2 if spec.aggregate == "rate" else 1
+        for key, (times, values) in subscription.window(start_ns, now_ns + 1).items():
+            kept = []  # the newest `wanted` numbers (NaN is no data), newest first
+            for at in range(len(values) - 1, -1, -1):
+                if values[at] == values[at]:
+                    kept.append((times[at], values[at]))
+                    if len(kept) == wanted:
+                        break
+            if not kept or kept[0][0] < since:
+                continue
+            if wanted == 2:
+                newest[key] = aggregate([t for t, _ in kept[::-1]], [v for _, v in kept[::-1]],
+                                        "rate")
+            else:
+                newest[key] = kept[0][1]
+        return newest
 
     def sync_windows(self, store: Any, now_ns: int) -> int:
         """Subscribe the loaded rules to recent data; backfill new subscriptions from the store.
@@ -324,22 +350,30 @@ class Engine(AlertLifecycle):
         inputs = {**values, **dict.fromkeys(silent, math.nan)} if silent else values
         main, *others = signal_keys(rule)
         jobs = [(main, rule.spec, inputs)]
-        latest = self._fresh and self._judged_again(rule)
-        for key, (kind, _, condition) in zip(others, rule.spec.conditions, strict=True):
-            read = self._latest if latest and kind == "and" else self._values
-            jobs.append((key, condition, read(rule, now_ns, condition)))
+        for key, (_, _, condition) in zip(others, rule.spec.conditions, strict=True):
+            jobs.append((key, condition, self._values(rule, now_ns, condition)))
         # Plugin code (constructors included) runs on the worker, under the deadline; what it
         # builds is kept only once the run has succeeded.
         plans = [self._plan(key, spec, inputs) for key, spec, inputs in jobs]
+        # On a fresh read, the `and:` conditions judged once more on their newest samples, by
+        # detectors made for it and thrown away (each judges a value on its own: per_value)
+        newest: list[tuple[int, PerSeries]] = []
+        if self._fresh and rule.spec.and_ and self._judged_again(rule):
+            for at, (key, (kind, _, condition)) in enumerate(
+                    zip(others, rule.spec.conditions, strict=True), start=1):
+                if kind == "and":
+                    values = self._newest(now_ns, condition)
+                    newest.append((at, PerSeries(key, condition, values, {}, set(values))))
 
         def run() -> list[tuple[Any, Any, list[str]]]:
-            return [plan.run(self.registry, now_ns) for plan in plans]
+            return [plan.run(self.registry, now_ns)
+                    for plan in [*plans, *(plan for _, plan in newest)]]
 
         # No series in any of its signals: no detector code to run, so nothing for the worker
         # (most shipped rules have no series on a node without LS pods or eBPF:
         # `benchmarks/agent_tick.py --cgroups 0`)
         needed = any(inputs for _, _, inputs in jobs)
-        return _Step(jobs, plans, open_series, run if needed else None)
+        return _Step(jobs, plans, open_series, run if needed else None, newest)
 
     def _step_rule(self, rule: LoadedRule, step: _Step,
                    outcome: tuple[bool, Any, float] | None, now_ns: int) -> None:
@@ -347,7 +381,8 @@ class Engine(AlertLifecycle):
         the worker: (True, results, seconds), or (False, the exception, seconds))."""
         jobs, plans, open_series = step.jobs, step.plans, step.open_series
         if step.run is None:
-            results = [plan.without_series() for plan in plans]
+            results = [plan.without_series()
+                       for plan in [*plans, *(plan for _, plan in step.newest)]]
         else:
             if outcome is None:  # the hand-over ended before it (Engine.close meanwhile)
                 raise RuntimeError("its detector code did not run")
@@ -361,10 +396,11 @@ class Engine(AlertLifecycle):
                 raise results
         judged_all: list[Judged] = []
         failures: list[str] = []
-        for plan, (built, judged, failed) in zip(plans, results, strict=True):
+        for plan, (built, judged, failed) in zip(plans, results[:len(plans)], strict=True):
             plan.keep(self, built)
             judged_all.append(judged)
             failures.extend(failed)
+        newest = results[len(plans):]
         if failures:
             self._series_errors[rule.key] = (f"{len(failures)} series failed, e.g. "
                                              f"{failures[0]}")[:500]
@@ -382,6 +418,20 @@ class Engine(AlertLifecycle):
             self._causes[rule.key] = (rule.spec.policy, cause)
         else:
             self._causes.pop(rule.key, None)
+        # A fresh read's newest samples can only hold back: a firing goes ahead, and a lever
+        # goes on, when each `and:` condition holds on a series both in its window and in its
+        # newest sample (a maximum over 5 s still held 5 s after BE stopped; the newest alone
+        # would let `min` or `mean` fire on one busy read). Alerts already firing, and the
+        # cause a lever comes off on, stay the window's.
+        confirmed = True
+        if step.newest:
+            cause_now = cause
+            for (at, _), (_, judged, failed) in zip(step.newest, newest, strict=True):
+                failures.extend(failed)
+                confirmed = confirmed and bool(judged_all[at].crossed & judged.crossed)
+                cause_now = _and(cause_now, _still_there(judged))
+            if rule.spec.policy:
+                self._causes_now[rule.key] = (rule.spec.policy, cause_now)
         main = judged_all[0]
         if main.crossed and not holds and rule.spec.and_:
             self.held_back.add(rule.key)
@@ -401,10 +451,17 @@ class Engine(AlertLifecycle):
         for series in (main.crossed if holds else set()) | open_series | counting:
             verdict = main.verdict(series)
             if jobs[1:]:
-                verdict = Verdict(verdict.crossed and holds, verdict.recovered or not holds,
+                ok = holds
+                if not confirmed and not self._firing_series(rule.key, series):
+                    ok = False
+                verdict = Verdict(verdict.crossed and ok, verdict.recovered or not ok,
                                   verdict.threshold, "; ".join(filter(None, [verdict.note,
                                                                              *notes])))
             self._step(rule, series, main.inputs[series], verdict, now_ns)
+
+    def _firing_series(self, rule_key: str, series: SeriesKey) -> bool:
+        state = self.states.get((rule_key, series))
+        return state is not None and state.incident.state == FIRING
 
     def _plan(self, key: SignalKey, spec: Any,
               inputs: dict[SeriesKey, float]) -> PerSeries | Batch:
@@ -480,6 +537,9 @@ class _Step:
     plans: list[Any]
     open_series: set[SeriesKey]
     run: Callable[[], list[tuple[Any, Any, list[str]]]] | None
+    # `and:` conditions judged on their newest samples (a fresh read): (their place in
+    # `plans`, the plan); their results follow the plans' in what `run` returns
+    newest: list[tuple[int, PerSeries]] = field(default_factory=list)
 
 
 def _still_there(judged: Judged) -> bool | None:

@@ -404,10 +404,11 @@ class Agent:
             self._arrival_pending.set()
             self._calls.put((ARRIVAL, None))
 
-    def _collect_fresh(self) -> tuple[int, int]:
+    def _collect_fresh(self) -> tuple[int, int, frozenset[str]]:
         """The cgroups collected again, at least CONFIRM_S after their last collection, so
         that the new sample covers no time before it; into the store and the windows. Returns
-        the (wall, monotonic) time the rules are to be judged at."""
+        the (wall, monotonic) time the rules are to be judged at, and the measurements read
+        (a series of one of them missing from this read has gone: Engine._newest)."""
         wait = self._cgroups_mono + CONFIRM_S - time.monotonic()
         if wait > 0:
             time.sleep(wait)
@@ -416,13 +417,14 @@ class Agent:
         self._cgroups_mono = time.monotonic()
         self._enqueue(samples)
         self.windows.add(samples, now_ns=now_ns)
-        return now_ns, mono_ns
+        return now_ns, mono_ns, frozenset(s.measurement for s in samples)
 
     def _policy_held(self, policy: str) -> bool:
-        """A policy's incident fires, not quiet, and the cause its levers answer is not gone."""
+        """A policy's incident fires, not quiet, and the cause its levers answer is not gone,
+        on the fresh read's newest samples too (a lever is about to go on)."""
         return any(i.policy == policy and i.quiet_since_ns is None
                    for i in self.engine.firing()) and \
-            self.engine.cause_present(policy) is not False
+            self.engine.cause_present(policy, now=True) is not False
 
     def confirm_interference(self, policy: str) -> bool:
         """Right before a lever goes on: the cgroups collected again (at least 100 ms after
@@ -434,12 +436,12 @@ class Agent:
             return True
         if self._confirmed.get(policy) == self._cgroups_mono:
             return self._confirmed_as.get(policy, True)
-        now_ns, mono_ns = self._collect_fresh()
+        now_ns, mono_ns, reread = self._collect_fresh()
         driving = frozenset(rule.spec.selector.measurement for rule in self.rules.rules
                             if rule.spec.policy == policy and rule.spec.on_arrival)
         if driving:
             # fresh: a firing this evaluation allows goes ahead (nothing is left awaiting)
-            self.engine.evaluate(now_ns, mono_ns, arrived=driving, fresh=True)
+            self.engine.evaluate(now_ns, mono_ns, arrived=driving, fresh=True, reread=reread)
         held = self._policy_held(policy)
         self._confirmed[policy], self._confirmed_as[policy] = self._cgroups_mono, held
         return held
@@ -452,8 +454,8 @@ class Agent:
         waiting = frozenset(self.engine.awaiting_fresh)
         if not waiting or self.cgroups is None:
             return
-        now_ns, mono_ns = self._collect_fresh()
-        self.engine.evaluate(now_ns, mono_ns, fresh=True, only=waiting)
+        now_ns, mono_ns, reread = self._collect_fresh()
+        self.engine.evaluate(now_ns, mono_ns, fresh=True, only=waiting, reread=reread)
         for policy in {rule.spec.policy for rule in self.rules.rules
                        if rule.key in waiting and rule.spec.policy}:
             self._confirmed[policy] = self._cgroups_mono
@@ -487,8 +489,8 @@ class Agent:
             # old): the cgroups read afresh and the rule judged again, so that a BE that has
             # just started is seen now, not at the next tick (the lab's first lever came
             # 0.8 s after the antagonist's start, most of it waiting for that sample)
-            now_ns, mono_ns = self._collect_fresh()
-            self.engine.evaluate(now_ns, mono_ns, arrived=arrived, fresh=True)
+            now_ns, mono_ns, reread = self._collect_fresh()
+            self.engine.evaluate(now_ns, mono_ns, arrived=arrived, fresh=True, reread=reread)
         self._confirm_firings()
         firing = self.engine.firing()
         if not any(i.policy for i in firing):

@@ -702,66 +702,145 @@ def test_a_firing_on_conditions_waits_for_them_on_fresh_samples(tmp_path):
     assert h.engine._judged_again(h.rules.rules[0])
 
 
+def _windowed(how: str, window: str = "5s", policy: bool = False) -> str:
+    """COMPOUND (LS slow and BE busy) with BE busy as `how` over `window`, firing at once and
+    resolving 2 s after recovery."""
+    rules = COMPOUND.replace("for: 2s", "for: 0s").replace(
+        "aggregate: last\n            window: 3s\n            params: {above: 1.5}",
+        f"aggregate: {how}\n            window: {window}\n            params: {{above: 1.5, "
+        "recover_below: 0.5}")
+    assert f"aggregate: {how}" in rules
+    return rules.replace("        severity: critical",
+                         "        severity: critical\n        policy: guard") if policy else rules
+
+
+class _Fresh:
+    """The agent's sequence on the harness: a tick's evaluation, then BE read afresh 100 ms
+    later and the rules judged again on it (Agent._confirm_firings, confirm_interference)."""
+
+    def __init__(self, h):
+        self.h = h
+        h.engine.confirm_firing = True
+
+    def be(self, ns, usage, pod="batch"):
+        self.h.windows.add([Sample("cpu", {"node": "node-a", "class": "BE", "pod": pod},
+                                   {"usage": usage}, ns)])
+
+    def confirm(self, ns, only=True):
+        engine = self.h.engine
+        engine.evaluate(ns, fresh=True, reread=frozenset({"cpu"}),
+                        only=frozenset(engine.awaiting_fresh) if only else None)
+
+
 @pytest.mark.parametrize("how, busy, idle", [
-    ("max", [3.0, 3.0, 3.0], [0.0]),
-    ("mean", [3.0, 3.0, 3.0], [0.0]),
-    ("p99", [3.0, 3.0, 3.0], [0.0]),
-    ("rate", [0.0, 4.0, 8.0], [8.0]),  # a counter: 4 a second, then no increase
+    ("max", [3.0, 3.0, 3.0], 0.0),
+    ("mean", [3.0, 3.0, 3.0], 0.0),
+    ("p99", [3.0, 3.0, 3.0], 0.0),
+    ("rate", [0.0, 4.0, 8.0], 8.0),  # a counter: 4 a second, then no increase
 ])
 def test_a_confirmation_judges_a_condition_on_its_newest_sample(tmp_path, how, busy, idle):
     """A condition aggregated over its window (BE busy: the maximum over 5 s) held for 5 s
-    after BE stopped, so the confirmation on fresh samples still fired; it is judged on the
-    newest sample (a rate on the last two) when confirming."""
-    rules = COMPOUND.replace("for: 2s", "for: 0s").replace(
-        "aggregate: last\n            window: 3s\n            params: {above: 1.5}",
-        f"aggregate: {how}\n            window: 5s\n            params: {{above: 1.5}}")
-    assert f"aggregate: {how}" in rules
-    h = _Harness(tmp_path, rules)
-    h.engine.confirm_firing = True
-
-    def be(ns, usage):
-        h.windows.add([Sample("cpu", {"node": "node-a", "class": "BE", "pod": "batch"},
-                              {"usage": usage}, ns)])
-
+    after BE stopped, so the confirmation on fresh samples still fired; the newest sample (a
+    rate: the last two) must agree with the window for the firing to go ahead."""
+    h = _Harness(tmp_path, _windowed(how))
+    f = _Fresh(h)
     for second, usage in enumerate(busy):  # BE busy, LS within its objective
-        be(T0 + second * S, usage)
+        f.be(T0 + second * S, usage)
         h.at(second, 1.0)
     stop = len(busy)
-    be(T0 + stop * S, idle[0])  # BE has stopped; LS is slow (its window lags)
+    f.be(T0 + stop * S, idle)  # BE has stopped; LS is slow (its window lags)
     h.at(stop, 30.0)
     assert h.engine.awaiting_fresh == {"ls/LSSlow"}  # the window still says busy
-    be(T0 + stop * S + S // 10, idle[0])  # read again 100 ms later: still stopped
-    h.engine.evaluate(T0 + stop * S + S // 10, fresh=True,
-                      only=frozenset(h.engine.awaiting_fresh))
+    f.be(T0 + stop * S + S // 10, idle)  # read again 100 ms later: still stopped
+    f.confirm(T0 + stop * S + S // 10)
     assert h.all() == [] and h.engine.firing() == []
     # BE back: the fresh sample is busy, so the firing goes ahead
     back = busy[-1] + 4.0 if how == "rate" else busy[-1]
-    be(T0 + (stop + 1) * S, back)
+    f.be(T0 + (stop + 1) * S, back)
     h.at(stop + 1, 30.0)
-    be(T0 + (stop + 1) * S + S // 10, back + 0.4 if how == "rate" else back)
-    h.engine.evaluate(T0 + (stop + 1) * S + S // 10, fresh=True,
-                      only=frozenset(h.engine.awaiting_fresh))
+    f.be(T0 + (stop + 1) * S + S // 10, back + 0.4 if how == "rate" else back)
+    f.confirm(T0 + (stop + 1) * S + S // 10)
     assert [i.state for i in h.all()] == [FIRING]
 
 
-def test_a_confirmation_keeps_a_condition_that_counts_its_window(tmp_path):
+@pytest.mark.parametrize("how", ["min", "mean"])
+def test_a_fresh_read_never_fires_what_the_window_does_not(tmp_path, how):
+    """The newest sample can only hold a firing back: BE idle for 4 s and busy on the one
+    fresh read is not "BE busy" for a minimum or a mean over 5 s."""
+    h = _Harness(tmp_path, _windowed(how))
+    f = _Fresh(h)
+    for second in range(4):
+        f.be(T0 + second * S, 0.0)
+        h.at(second, 30.0)  # LS slow, BE idle: held back, nothing pending
+    assert h.all() == [] and h.engine.held_back == {"ls/LSSlow"}
+    f.be(T0 + 3 * S + S // 10, 3.0)  # the agent's re-read of a held-back rule (_on_arrival)
+    f.confirm(T0 + 3 * S + S // 10, only=False)
+    assert h.all() == []
+
+
+def test_a_fresh_read_leaves_firing_alerts_and_their_lifted_levers_to_the_window(tmp_path):
+    """One 100 ms read that catches BE idle between bursts neither quiets a firing alert nor
+    says the cause is gone for a lever that comes off; it does hold back a lever about to go
+    on (cause_present(now=True))."""
+    h = _Harness(tmp_path, _windowed("max", policy=True))
+    f = _Fresh(h)
+    for second in range(3):
+        f.be(T0 + second * S, 3.0)
+        h.at(second, 30.0)
+        f.be(T0 + second * S + S // 10, 3.0)
+        f.confirm(T0 + second * S + S // 10)
+    [incident] = h.all()
+    assert incident.state == FIRING and incident.quiet_since_ns is None
+    f.be(T0 + 3 * S, 3.0)
+    h.at(3, 30.0)
+    f.be(T0 + 3 * S + S // 10, 0.0)  # a lull between bursts
+    f.confirm(T0 + 3 * S + S // 10, only=False)
+    [incident] = h.all()
+    assert incident.state == FIRING and incident.quiet_since_ns is None
+    assert h.engine.cause_present("guard") is True  # what the descent reads: no lift
+    assert h.engine.cause_present("guard", now=True) is False  # no new lever now
+    h.at(4, 30.0)  # the next tick's evaluation answers for itself again
+    assert h.engine.cause_present("guard", now=True) is True
+
+
+def test_a_series_missing_from_the_fresh_read_has_gone(tmp_path):
+    """A BE pod that exited has no sample in the fresh read; its newest is the tick's, which
+    spans the antagonist's end and reads busy: it no longer counts."""
+    h = _Harness(tmp_path, _windowed("max"))
+    f = _Fresh(h)
+    f.be(T0, 3.0)
+    h.at(0, 30.0)
+    assert h.engine.awaiting_fresh == {"ls/LSSlow"}
+    f.be(T0 + S // 10, 0.0, pod="other")  # the fresh read: only another, idle, BE pod
+    f.confirm(T0 + S // 10)
+    assert h.all() == []
+
+
+def test_a_confirmation_of_a_rate_skips_a_newest_nan(tmp_path):
+    h = _Harness(tmp_path, _windowed("rate"))
+    f = _Fresh(h)
+    f.be(T0, 0.0)
+    f.be(T0 + S, 4.0)
+    h.at(1, 30.0)
+    assert h.engine.awaiting_fresh == {"ls/LSSlow"}
+    f.be(T0 + S + S // 20, 4.2)
+    f.be(T0 + S + S // 10, math.nan)  # the fresh read's counter unreadable
+    h.engine.evaluate(T0 + S + S // 10, fresh=True, only=frozenset({"ls/LSSlow"}))
+    assert [i.state for i in h.all()] == [FIRING]
+
+
+@pytest.mark.parametrize("how", ["sum", "count"])
+def test_a_confirmation_keeps_a_condition_that_counts_its_window(tmp_path, how):
     """A sum or count over the window is what happened in it: no single sample tells it, so
     the confirmation judges the window as the tick did."""
-    rules = COMPOUND.replace("for: 2s", "for: 0s").replace(
-        "aggregate: last\n            window: 3s\n            params: {above: 1.5}",
-        "aggregate: sum\n            window: 5s\n            params: {above: 1.5}")
-    h = _Harness(tmp_path, rules)
-    h.engine.confirm_firing = True
-
-    def be(ns, events):
-        h.windows.add([Sample("cpu", {"node": "node-a", "class": "BE", "pod": "batch"},
-                              {"usage": events}, ns)])
-
-    be(T0, 2.0)  # two OOM kills, say, a second ago
-    be(T0 + S, 0.0)
+    h = _Harness(tmp_path, _windowed(how))
+    f = _Fresh(h)
+    f.be(T0, 2.0)  # two OOM kills, say, a second ago
+    f.be(T0 + S // 2, 2.0)
+    f.be(T0 + S, 0.0)
     h.at(1, 30.0)
-    be(T0 + S + S // 10, 0.0)
-    h.engine.evaluate(T0 + S + S // 10, fresh=True, only=frozenset(h.engine.awaiting_fresh))
+    f.be(T0 + S + S // 10, 0.0)
+    f.confirm(T0 + S + S // 10)
     assert [i.state for i in h.all()] == [FIRING]
 
 
