@@ -451,10 +451,12 @@ class Engine(AlertLifecycle):
         for series in (main.crossed if holds else set()) | open_series | counting:
             verdict = main.verdict(series)
             if jobs[1:]:
-                ok = holds
-                if not confirmed and not self._firing_series(rule.key, series):
-                    ok = False
-                verdict = Verdict(verdict.crossed and ok, verdict.recovered or not ok,
+                if verdict.crossed and holds and not confirmed and \
+                        not self._firing_series(rule.key, series):
+                    # held back by the newest samples: not fired, not dropped either (its
+                    # `for` clock runs on; the next evaluation asks again)
+                    continue
+                verdict = Verdict(verdict.crossed and holds, verdict.recovered or not holds,
                                   verdict.threshold, "; ".join(filter(None, [verdict.note,
                                                                              *notes])))
             self._step(rule, series, main.inputs[series], verdict, now_ns)

@@ -753,7 +753,7 @@ def test_a_confirmation_judges_a_condition_on_its_newest_sample(tmp_path, how, b
     assert h.engine.awaiting_fresh == {"ls/LSSlow"}  # the window still says busy
     f.be(T0 + stop * S + S // 10, idle)  # read again 100 ms later: still stopped
     f.confirm(T0 + stop * S + S // 10)
-    assert h.all() == [] and h.engine.firing() == []
+    assert [i.state for i in h.all()] == [PENDING] and h.engine.firing() == []
     # BE back: the fresh sample is busy, so the firing goes ahead
     back = busy[-1] + 4.0 if how == "rate" else busy[-1]
     f.be(T0 + (stop + 1) * S, back)
@@ -813,7 +813,31 @@ def test_a_series_missing_from_the_fresh_read_has_gone(tmp_path):
     assert h.engine.awaiting_fresh == {"ls/LSSlow"}
     f.be(T0 + S // 10, 0.0, pod="other")  # the fresh read: only another, idle, BE pod
     f.confirm(T0 + S // 10)
-    assert h.all() == []
+    assert h.engine.firing() == []
+
+
+def test_a_firing_held_back_keeps_its_for_clock(tmp_path):
+    """Held back by the newest samples (a lull between bursts), a pending alert of a rule with
+    `for` stays pending: the next confirmation that agrees fires it, its `for` not restarted."""
+    h = _Harness(tmp_path, _windowed("max").replace("for: 0s", "for: 3s"))
+    f = _Fresh(h)
+    for second in range(3):
+        f.be(T0 + second * S, 3.0)
+        h.at(second, 30.0)
+    assert [i.state for i in h.all()] == [PENDING] and not h.engine.awaiting_fresh
+    f.be(T0 + 3 * S, 3.0)
+    h.at(3, 30.0)  # `for` has run: the firing waits for the fresh read
+    assert h.engine.awaiting_fresh == {"ls/LSSlow"}
+    f.be(T0 + 3 * S + S // 10, 0.0)  # a lull
+    f.confirm(T0 + 3 * S + S // 10)
+    [pending] = h.all()
+    assert pending.state == PENDING and h.engine.firing() == []
+    f.be(T0 + 4 * S, 3.0)
+    h.at(4, 30.0)
+    f.be(T0 + 4 * S + S // 10, 3.0)  # busy again: it fires, the same incident
+    f.confirm(T0 + 4 * S + S // 10)
+    [incident] = h.all()
+    assert incident.state == FIRING and incident.id == pending.id
 
 
 def test_a_confirmation_of_a_rate_skips_a_newest_nan(tmp_path):
