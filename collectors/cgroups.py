@@ -214,6 +214,9 @@ class _Tracked:
 
 class CgroupCollector(CollectorBase):
     name = "cgroups"
+    # what `collect` writes: a read that has no sample of one of these for a series means the
+    # series has gone (the agent's fresh read, Engine._newest), not that it was not read
+    measurements = ("container_cpu", "container_memory", "container_pressure")
 
     @classmethod
     def create(cls, ctx: CollectorContext) -> CgroupCollector | None:

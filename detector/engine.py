@@ -128,8 +128,10 @@ class Engine(AlertLifecycle):
         `now`: right after a fresh evaluation, a lever about to go on asks also the newest
         samples (a condition's window remembers BE busy after it stopped); a lever comes off
         on the window alone, never on one 100 ms read that caught BE idle between bursts."""
-        causes = {**self._causes, **self._causes_now} if now else self._causes
-        held = [holds for name, holds in causes.values() if name == policy]
+        held = [holds for name, holds in self._causes_now.values() if name == policy] \
+            if now else []
+        if not held:  # (the rules judged afresh answer alone: the others' is the tick's)
+            held = [holds for name, holds in self._causes.values() if name == policy]
         if any(held):
             return True
         return False if held and all(h is False for h in held) else None
@@ -200,6 +202,7 @@ class Engine(AlertLifecycle):
             hung = self._hung.get(rule.key)
             if hung is not None and hung[0] == rule.spec and (mono < hung[1] or hung[2].stuck):
                 self._causes.pop(rule.key, None)  # not judged: it tells nothing of the cause
+                self._causes_now.pop(rule.key, None)
                 continue  # cut off recently, or its code still runs: not tried meanwhile
             self._due[rule.key] = mono + interval
             self.awaiting_fresh.discard(rule.key)  # what this evaluation decides
@@ -329,6 +332,7 @@ class Engine(AlertLifecycle):
         """A rule's evaluation done: its status, and the evaluation counted ok or error."""
         if exc is not None:
             self._causes.pop(rule.key, None)
+            self._causes_now.pop(rule.key, None)
             status.error = f"{exc.__class__.__name__}: {exc}"
             log.warning("rule %s failed: %s", rule.key, status.error)
             self.on_evaluation(rule.key, "error")
@@ -401,6 +405,8 @@ class Engine(AlertLifecycle):
             judged_all.append(judged)
             failures.extend(failed)
         newest = results[len(plans):]
+        for _, _, failed in newest:
+            failures.extend(failed)
         if failures:
             self._series_errors[rule.key] = (f"{len(failures)} series failed, e.g. "
                                              f"{failures[0]}")[:500]
@@ -426,10 +432,13 @@ class Engine(AlertLifecycle):
         confirmed = True
         if step.newest:
             cause_now = cause
-            for (at, _), (_, judged, failed) in zip(step.newest, newest, strict=True):
-                failures.extend(failed)
+            for (at, plan), (_, judged, _) in zip(step.newest, newest, strict=True):
                 confirmed = confirmed and bool(judged_all[at].crossed & judged.crossed)
-                cause_now = _and(cause_now, _still_there(judged))
+                there = _still_there(judged)
+                if there is None and judged_all[at].inputs and (
+                        plan.spec.selector.measurement in self._reread):
+                    there = False  # every series of the window gone from the fresh read
+                cause_now = _and(cause_now, there)
             if rule.spec.policy:
                 self._causes_now[rule.key] = (rule.spec.policy, cause_now)
         main = judged_all[0]

@@ -408,7 +408,8 @@ class Agent:
         """The cgroups collected again, at least CONFIRM_S after their last collection, so
         that the new sample covers no time before it; into the store and the windows. Returns
         the (wall, monotonic) time the rules are to be judged at, and the measurements read
-        (a series of one of them missing from this read has gone: Engine._newest)."""
+        (a series of one of them missing from this read has gone, even when the read found
+        none at all: Engine._newest)."""
         wait = self._cgroups_mono + CONFIRM_S - time.monotonic()
         if wait > 0:
             time.sleep(wait)
@@ -417,7 +418,7 @@ class Agent:
         self._cgroups_mono = time.monotonic()
         self._enqueue(samples)
         self.windows.add(samples, now_ns=now_ns)
-        return now_ns, mono_ns, frozenset(s.measurement for s in samples)
+        return now_ns, mono_ns, frozenset(self.cgroups.measurements)
 
     def _policy_held(self, policy: str) -> bool:
         """A policy's incident fires, not quiet, and the cause its levers answer is not gone,

@@ -75,6 +75,9 @@ def test_usage_and_quota_throttling_are_seen(real_cgroups):
     assert {"cgroup": f"/{idle}", "level": "cgroup", "class": "LS",
             "workload": "idler"} in workloads
     assert all(w["class"] == "LS" for w in workloads)
+    # what it declares it writes (the agent's fresh read counts a series missing from one of
+    # these as gone) is what it writes
+    assert {s.measurement for s in samples} <= set(collector.measurements)
 
 
 def test_memory_limit_is_reported(real_cgroups):

@@ -803,17 +803,60 @@ def test_a_fresh_read_leaves_firing_alerts_and_their_lifted_levers_to_the_window
     assert h.engine.cause_present("guard", now=True) is True
 
 
-def test_a_series_missing_from_the_fresh_read_has_gone(tmp_path):
+@pytest.mark.parametrize("others", [[], ["other"]])
+def test_a_series_missing_from_the_fresh_read_has_gone(tmp_path, others):
     """A BE pod that exited has no sample in the fresh read; its newest is the tick's, which
-    spans the antagonist's end and reads busy: it no longer counts."""
-    h = _Harness(tmp_path, _windowed("max"))
+    spans the antagonist's end and reads busy: it no longer counts, and with no BE series
+    left in the read the cause is gone (not unknown) for a lever about to go on."""
+    h = _Harness(tmp_path, _windowed("max", policy=True))
     f = _Fresh(h)
     f.be(T0, 3.0)
     h.at(0, 30.0)
     assert h.engine.awaiting_fresh == {"ls/LSSlow"}
-    f.be(T0 + S // 10, 0.0, pod="other")  # the fresh read: only another, idle, BE pod
+    for pod in others:  # the fresh read: another, idle, BE pod, or none at all
+        f.be(T0 + S // 10, 0.0, pod=pod)
     f.confirm(T0 + S // 10)
     assert h.engine.firing() == []
+    assert h.engine.cause_present("guard", now=True) is False
+
+
+def test_a_lever_about_to_go_on_asks_the_rules_judged_afresh(tmp_path):
+    """Two rules drive the policy; only the one whose firing waited was judged on the fresh
+    read (Agent._confirm_firings). Its newest samples say BE stopped: the other rule's cause,
+    judged on the tick's samples, does not let a lever go on (cause_present(now=True))."""
+    second = _windowed("max", policy=True).replace("      - alert: LSSlow", """      - alert: Other
+        expr: lat{class="LS"}
+        field: p99
+        aggregate: last
+        window: 3s
+        params: {above: 10, recover_below: 5}
+        and:
+          - expr: cpu{class="BE"}
+            field: usage
+            aggregate: max
+            window: 5s
+            params: {above: 1.5, recover_below: 0.5}
+        for: 0s
+        severity: critical
+        policy: guard
+      - alert: LSSlow""")
+    h = _Harness(tmp_path, second)
+    f = _Fresh(h)
+    f.be(T0, 3.0)
+    h.at(0, 30.0)
+    f.be(T0 + S // 10, 3.0)
+    f.confirm(T0 + S // 10)
+    assert {i.rule for i in h.engine.firing()} == {"Other", "LSSlow"}
+    h.engine.resolve_by_hand(next(i.id for i in h.engine.firing() if i.rule == "LSSlow"),
+                             "sre", "", T0 + S // 5)
+    f.be(T0 + S, 3.0)
+    h.at(1, 30.0)  # LSSlow pending again, awaiting the fresh read; Other fires on
+    assert h.engine.awaiting_fresh == {"ls/LSSlow"}
+    assert h.engine.cause_present("guard", now=True) is True
+    f.be(T0 + S + S // 10, 0.0)  # BE stopped
+    f.confirm(T0 + S + S // 10)  # only LSSlow is judged again
+    assert h.engine.cause_present("guard", now=True) is False
+    assert h.engine.cause_present("guard") is True  # the window: no lever comes off
 
 
 def test_a_firing_held_back_keeps_its_for_clock(tmp_path):
@@ -840,7 +883,11 @@ def test_a_firing_held_back_keeps_its_for_clock(tmp_path):
     assert incident.state == FIRING and incident.id == pending.id
 
 
-def test_a_confirmation_of_a_rate_skips_a_newest_nan(tmp_path):
+@pytest.mark.parametrize("reread", [False, True])
+def test_a_confirmation_of_a_rate_skips_a_newest_nan(tmp_path, reread):
+    """A NaN is no data. For a measurement the fresh read collects, a read without a number
+    tells nothing new: the firing waits for the next; for another, the rate is taken over its
+    last two numbers."""
     h = _Harness(tmp_path, _windowed("rate"))
     f = _Fresh(h)
     f.be(T0, 0.0)
@@ -849,8 +896,9 @@ def test_a_confirmation_of_a_rate_skips_a_newest_nan(tmp_path):
     assert h.engine.awaiting_fresh == {"ls/LSSlow"}
     f.be(T0 + S + S // 20, 4.2)
     f.be(T0 + S + S // 10, math.nan)  # the fresh read's counter unreadable
-    h.engine.evaluate(T0 + S + S // 10, fresh=True, only=frozenset({"ls/LSSlow"}))
-    assert [i.state for i in h.all()] == [FIRING]
+    h.engine.evaluate(T0 + S + S // 10, fresh=True, only=frozenset({"ls/LSSlow"}),
+                      reread=frozenset({"cpu"} if reread else ()))
+    assert [i.state for i in h.all()] == [PENDING if reread else FIRING]
 
 
 @pytest.mark.parametrize("how", ["sum", "count"])
