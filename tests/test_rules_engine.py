@@ -824,22 +824,8 @@ def test_a_lever_about_to_go_on_asks_the_rules_judged_afresh(tmp_path):
     """Two rules drive the policy; only the one whose firing waited was judged on the fresh
     read (Agent._confirm_firings). Its newest samples say BE stopped: the other rule's cause,
     judged on the tick's samples, does not let a lever go on (cause_present(now=True))."""
-    second = _windowed("max", policy=True).replace("      - alert: LSSlow", """      - alert: Other
-        expr: lat{class="LS"}
-        field: p99
-        aggregate: last
-        window: 3s
-        params: {above: 10, recover_below: 5}
-        and:
-          - expr: cpu{class="BE"}
-            field: usage
-            aggregate: max
-            window: 5s
-            params: {above: 1.5, recover_below: 0.5}
-        for: 0s
-        severity: critical
-        policy: guard
-      - alert: LSSlow""")
+    rules = _windowed("max", policy=True)
+    second = rules + rules[rules.index("      - alert: LSSlow"):].replace("LSSlow", "Other")
     h = _Harness(tmp_path, second)
     f = _Fresh(h)
     f.be(T0, 3.0)
