@@ -163,10 +163,15 @@ class RealCgroups:
         for root in self.hierarchies():
             (root / rel / "cgroup.procs").write_text(str(pid))
 
-    def cleanup(self) -> None:
+    def stop(self) -> None:
+        """End every process spawned so far."""
         for proc in self.procs:
             proc.kill()
             proc.wait()
+        self.procs = []
+
+    def cleanup(self) -> None:
+        self.stop()
         for path in sorted(self.created, key=lambda p: len(p.parts), reverse=True):
             for _ in range(50):
                 try:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import need
-from support.ebpf import dominate_cpu, kernel_collectors, need_bcc, of, run
+from support.ebpf import dominate_cpu, kernel_collectors, need_bcc, of, run, while_hogs_run
 
 from sloguard.collectors.ebpf_programs import tracefs_root, tracepoint_exists
 
@@ -54,11 +54,12 @@ def test_runqueue_latency_of_a_loaded_cgroup_is_10x_an_idle_ones(real_cgroups, k
     try:
         assert kernel.status().details["signals"]["runqueue"] == "attached", kernel.status()
         assert kernel.status().details["attribution"] == key
-        for _ in range(4 * os.cpu_count()):
-            real_cgroups.spawn(busy, HOG)
-        real_cgroups.spawn(idle, SLEEPER)
-        time.sleep(0.5)
-        ticks = run(cgroups, kernel, 6)
+        with while_hogs_run(real_cgroups):
+            for _ in range(4 * os.cpu_count()):
+                real_cgroups.spawn(busy, HOG)
+            real_cgroups.spawn(idle, SLEEPER)
+            time.sleep(0.5)
+            ticks = run(cgroups, kernel, 6)
     finally:
         kernel.close()
     loaded = of(ticks, "ebpf_runqueue", workload="busy")
@@ -102,12 +103,13 @@ def test_runqueue_blame_names_the_cgroup_an_ls_task_waited_behind(real_cgroups, 
         key=key, block_io=False, reclaim=False)
     kernel.start()
     try:
-        for _ in range(2):  # one CPU for all three: the LS task waits behind whoever runs
-            real_cgroups.spawn(antagonist, pin + HOG)
-        real_cgroups.spawn(innocent, pin + NAPPER)
-        real_cgroups.spawn(victim, pin + SLEEPER)
-        time.sleep(0.5)
-        ticks = run(cgroups, kernel, 5)
+        with while_hogs_run(real_cgroups):
+            for _ in range(2):  # one CPU for all three: the LS task waits behind whoever runs
+                real_cgroups.spawn(antagonist, pin + HOG)
+            real_cgroups.spawn(innocent, pin + NAPPER)
+            real_cgroups.spawn(victim, pin + SLEEPER)
+            time.sleep(0.5)
+            ticks = run(cgroups, kernel, 5)
     finally:
         kernel.close()
     blamed = of(ticks, "ebpf_runqueue_blame", workload="victim")

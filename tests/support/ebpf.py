@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from conftest import need
@@ -46,6 +49,20 @@ def dominate_cpu(real_cgroups: Any, *rels: str) -> None:
             real_cgroups.write(path, "cpu.shares", "262144")
         except FileNotFoundError:
             real_cgroups.write(path, "cpu.weight", "10000")
+
+
+@contextmanager
+def while_hogs_run(real_cgroups: Any) -> Iterator[None]:
+    """Around a test's CPU hogs and its measurement: no garbage collection, and the hogs (and
+    the test's other processes) killed as soon as it ends. dominate_cpu gives them a weight
+    that starves this process, and a collection of pytest's heap then ran at a fraction of a
+    percent of a CPU: a CI simulation timed out at 1200 s after the measurement was done."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        real_cgroups.stop()
+        gc.enable()
 
 
 def kernel_collectors(declare: list[dict[str, str]], **ebpf: Any
