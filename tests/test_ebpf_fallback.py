@@ -12,11 +12,10 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 from conftest import need
-from support.ebpf import dominate_cpu, kernel_collectors, need_bcc, of, run, while_hogs_run
+from support.ebpf import dominate_cpu, hogs_beside_a_sleeper, kernel_collectors, need_bcc, of
 
 HOG = "while True: pass"
 # Wakes 20 times a second: each wake may still wait milliseconds behind the hogs, but its
@@ -34,12 +33,8 @@ def _loaded_and_idle(real_cgroups, **ebpf):
 
 
 def _check_fallback_signal(real_cgroups, busy, idle, cgroups, kernel):
-    with while_hogs_run(real_cgroups):
-        for _ in range(2 * os.cpu_count()):
-            real_cgroups.spawn(busy, HOG)
-        real_cgroups.spawn(idle, SLEEPER)
-        time.sleep(0.5)
-        ticks = run(cgroups, kernel, 4)
+    ticks = hogs_beside_a_sleeper(real_cgroups, busy, 2 * os.cpu_count(), idle, SLEEPER,
+                                  cgroups, kernel, 4)
     assert not [s for tick in ticks for s in tick if s.measurement.startswith("ebpf_")]
     loaded = of(ticks, "container_runqueue", workload="busy")
     quiet = of(ticks, "container_runqueue", workload="idle")

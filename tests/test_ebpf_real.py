@@ -17,7 +17,15 @@ from pathlib import Path
 
 import pytest
 from conftest import need
-from support.ebpf import dominate_cpu, kernel_collectors, need_bcc, of, run, while_hogs_run
+from support.ebpf import (
+    dominate_cpu,
+    hogs_beside_a_sleeper,
+    kernel_collectors,
+    need_bcc,
+    of,
+    run,
+    while_hogs_run,
+)
 
 from sloguard.collectors.ebpf_programs import tracefs_root, tracepoint_exists
 
@@ -54,12 +62,8 @@ def test_runqueue_latency_of_a_loaded_cgroup_is_10x_an_idle_ones(real_cgroups, k
     try:
         assert kernel.status().details["signals"]["runqueue"] == "attached", kernel.status()
         assert kernel.status().details["attribution"] == key
-        with while_hogs_run(real_cgroups):
-            for _ in range(4 * os.cpu_count()):
-                real_cgroups.spawn(busy, HOG)
-            real_cgroups.spawn(idle, SLEEPER)
-            time.sleep(0.5)
-            ticks = run(cgroups, kernel, 6)
+        ticks = hogs_beside_a_sleeper(real_cgroups, busy, 4 * os.cpu_count(), idle, SLEEPER,
+                                      cgroups, kernel, 6)
     finally:
         kernel.close()
     loaded = of(ticks, "ebpf_runqueue", workload="busy")

@@ -65,6 +65,19 @@ def while_hogs_run(real_cgroups: Any) -> Iterator[None]:
         gc.enable()
 
 
+def hogs_beside_a_sleeper(real_cgroups: Any, busy: str, hogs: int, idle: str, sleeper: str,
+                          cgroups: CgroupCollector, kernel: KernelLatencyCollector,
+                          seconds: float) -> list[list[Sample]]:
+    """`hogs` CPU hogs in `busy` and one `sleeper` in `idle`, the collectors ticked over them
+    for `seconds` (run), the processes ended with it (while_hogs_run)."""
+    with while_hogs_run(real_cgroups):
+        for _ in range(hogs):
+            real_cgroups.spawn(busy, "while True: pass")
+        real_cgroups.spawn(idle, sleeper)
+        time.sleep(0.5)
+        return run(cgroups, kernel, seconds)
+
+
 def kernel_collectors(declare: list[dict[str, str]], **ebpf: Any
                       ) -> tuple[CgroupCollector, KernelLatencyCollector]:
     """The container collector over declared cgroups and the kernel-latency collector on it,
