@@ -113,9 +113,10 @@ class Engine(AlertLifecycle):
     # rule keys whose firing waits for that evaluation on fresh samples
     awaiting_fresh: set[str] = field(default_factory=set)
     _fresh: bool = False  # the evaluation in progress judges conditions read afresh
-    # the measurements read afresh for it (their samples stamped at its time): the newest
-    # sample of one of their series is that read's, or the series is gone (_newest)
-    _reread: frozenset[str] = frozenset()
+    # the measurements a fresh read collects (the agent's cgroup collector's), stamped at the
+    # fresh evaluation's time: the newest sample of one of their series is that read's, or
+    # the series is gone (_newest)
+    reread: frozenset[str] = frozenset()
     # what the last fresh evaluation's newest samples say of each rule's cause (its window's
     # cause and theirs): a lever about to go on asks it (cause_present(now=True))
     _causes_now: dict[str, tuple[str, bool | None]] = field(default_factory=dict)
@@ -168,8 +169,7 @@ class Engine(AlertLifecycle):
 
     def evaluate(self, now_ns: int, mono_ns: int | None = None,
                  arrived: frozenset[str] | None = None, fresh: bool = False,
-                 only: frozenset[str] | None = None,
-                 reread: frozenset[str] = frozenset()) -> None:
+                 only: frozenset[str] | None = None) -> None:
         """One evaluation of every rule due. `now_ns` (wall time) selects the windows, as the
         samples are stamped with it, and labels what is recorded; `mono_ns` (monotonic) runs
         every timer: `for`, `recover_for`, rule intervals and the back-off of a hung rule.
@@ -177,10 +177,9 @@ class Engine(AlertLifecycle):
         With `arrived` (measurements that just arrived between ticks): only the `on_arrival`
         rules whose own signal is one of them. `fresh`: the samples the rules' conditions read
         were collected after the last evaluation (a firing held for them may go ahead); with
-        `only`, just those rules, due or not (the firings `awaiting_fresh`); `reread`: the
-        measurements that fresh read collected, stamped `now_ns` (_newest)."""
+        `only`, just those rules, due or not (the firings `awaiting_fresh`)."""
         mono = self._mono_ns = now_ns if mono_ns is None else mono_ns
-        self._fresh, self._reread = fresh, reread if fresh else frozenset()
+        self._fresh = fresh
         self._causes_now = {}
         self._retry_saves()
         active_rules = self.rules.rules
@@ -282,7 +281,7 @@ class Engine(AlertLifecycle):
         start_ns = now_ns - int(spec.window * 1e9)
         if spec.aggregate in ("sum", "count"):
             return subscription.reduce(start_ns, now_ns + 1, spec.aggregate)
-        since = now_ns if spec.selector.measurement in self._reread else start_ns
+        since = now_ns if spec.selector.measurement in self.reread else start_ns
         newest: dict[SeriesKey, float] = {}
         wanted = 2 if spec.aggregate == "rate" else 1
         for key, (times, values) in subscription.window(start_ns, now_ns + 1).items():
@@ -436,7 +435,7 @@ class Engine(AlertLifecycle):
                 confirmed = confirmed and bool(judged_all[at].crossed & judged.crossed)
                 there = _still_there(judged)
                 if there is None and judged_all[at].inputs and (
-                        plan.spec.selector.measurement in self._reread):
+                        plan.spec.selector.measurement in self.reread):
                     there = False  # every series of the window gone from the fresh read
                 cause_now = _and(cause_now, there)
             if rule.spec.policy:

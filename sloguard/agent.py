@@ -120,6 +120,7 @@ class Agent:
                 rule, result).inc(),
             # the cgroups can be read again before a firing on BE conditions (_confirm_firings)
             confirm_firing=self.cgroups is not None,
+            reread=frozenset(self.cgroups.measurements if self.cgroups else ()),
         )
         self.attributor = Attributor(
             settings.attribution, as_reader(self.store),
@@ -404,12 +405,10 @@ class Agent:
             self._arrival_pending.set()
             self._calls.put((ARRIVAL, None))
 
-    def _collect_fresh(self) -> tuple[int, int, frozenset[str]]:
+    def _collect_fresh(self) -> tuple[int, int]:
         """The cgroups collected again, at least CONFIRM_S after their last collection, so
         that the new sample covers no time before it; into the store and the windows. Returns
-        the (wall, monotonic) time the rules are to be judged at, and the measurements read
-        (a series of one of them missing from this read has gone, even when the read found
-        none at all: Engine._newest)."""
+        the (wall, monotonic) time the rules are to be judged at."""
         wait = self._cgroups_mono + CONFIRM_S - time.monotonic()
         if wait > 0:
             time.sleep(wait)
@@ -418,7 +417,7 @@ class Agent:
         self._cgroups_mono = time.monotonic()
         self._enqueue(samples)
         self.windows.add(samples, now_ns=now_ns)
-        return now_ns, mono_ns, frozenset(self.cgroups.measurements)
+        return now_ns, mono_ns
 
     def _policy_held(self, policy: str) -> bool:
         """A policy's incident fires, not quiet, and the cause its levers answer is not gone,
@@ -437,12 +436,12 @@ class Agent:
             return True
         if self._confirmed.get(policy) == self._cgroups_mono:
             return self._confirmed_as.get(policy, True)
-        now_ns, mono_ns, reread = self._collect_fresh()
+        now_ns, mono_ns = self._collect_fresh()
         driving = frozenset(rule.spec.selector.measurement for rule in self.rules.rules
                             if rule.spec.policy == policy and rule.spec.on_arrival)
         if driving:
             # fresh: a firing this evaluation allows goes ahead (nothing is left awaiting)
-            self.engine.evaluate(now_ns, mono_ns, arrived=driving, fresh=True, reread=reread)
+            self.engine.evaluate(now_ns, mono_ns, arrived=driving, fresh=True)
         held = self._policy_held(policy)
         self._confirmed[policy], self._confirmed_as[policy] = self._cgroups_mono, held
         return held
@@ -455,8 +454,8 @@ class Agent:
         waiting = frozenset(self.engine.awaiting_fresh)
         if not waiting or self.cgroups is None:
             return
-        now_ns, mono_ns, reread = self._collect_fresh()
-        self.engine.evaluate(now_ns, mono_ns, fresh=True, only=waiting, reread=reread)
+        now_ns, mono_ns = self._collect_fresh()
+        self.engine.evaluate(now_ns, mono_ns, fresh=True, only=waiting)
         for policy in {rule.spec.policy for rule in self.rules.rules
                        if rule.key in waiting and rule.spec.policy}:
             self._confirmed[policy] = self._cgroups_mono
@@ -490,8 +489,8 @@ class Agent:
             # old): the cgroups read afresh and the rule judged again, so that a BE that has
             # just started is seen now, not at the next tick (the lab's first lever came
             # 0.8 s after the antagonist's start, most of it waiting for that sample)
-            now_ns, mono_ns, reread = self._collect_fresh()
-            self.engine.evaluate(now_ns, mono_ns, arrived=arrived, fresh=True, reread=reread)
+            now_ns, mono_ns = self._collect_fresh()
+            self.engine.evaluate(now_ns, mono_ns, arrived=arrived, fresh=True)
         self._confirm_firings()
         firing = self.engine.firing()
         if not any(i.policy for i in firing):

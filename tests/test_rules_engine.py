@@ -721,6 +721,7 @@ class _Fresh:
     def __init__(self, h):
         self.h = h
         h.engine.confirm_firing = True
+        h.engine.reread = frozenset({"cpu"})  # what the agent's fresh read collects
 
     def be(self, ns, usage, pod="batch"):
         self.h.windows.add([Sample("cpu", {"node": "node-a", "class": "BE", "pod": pod},
@@ -728,7 +729,7 @@ class _Fresh:
 
     def confirm(self, ns, only=True):
         engine = self.h.engine
-        engine.evaluate(ns, fresh=True, reread=frozenset({"cpu"}),
+        engine.evaluate(ns, fresh=True,
                         only=frozenset(engine.awaiting_fresh) if only else None)
 
 
@@ -876,14 +877,14 @@ def test_a_confirmation_of_a_rate_skips_a_newest_nan(tmp_path, reread):
     last two numbers."""
     h = _Harness(tmp_path, _windowed("rate"))
     f = _Fresh(h)
+    h.engine.reread = frozenset({"cpu"} if reread else ())
     f.be(T0, 0.0)
     f.be(T0 + S, 4.0)
     h.at(1, 30.0)
     assert h.engine.awaiting_fresh == {"ls/LSSlow"}
     f.be(T0 + S + S // 20, 4.2)
     f.be(T0 + S + S // 10, math.nan)  # the fresh read's counter unreadable
-    h.engine.evaluate(T0 + S + S // 10, fresh=True, only=frozenset({"ls/LSSlow"}),
-                      reread=frozenset({"cpu"} if reread else ()))
+    f.confirm(T0 + S + S // 10)
     assert [i.state for i in h.all()] == [PENDING if reread else FIRING]
 
 
