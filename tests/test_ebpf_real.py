@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import need
 from support.ebpf import (
+    HOG,
     dominate_cpu,
     hogs_beside_a_sleeper,
     kernel_collectors,
@@ -32,7 +33,6 @@ from sloguard.collectors.ebpf_programs import tracefs_root, tracepoint_exists
 # latency and throughput are measured here: these run last, never beside the background
 # Kubernetes build of `make test` (conftest.run_phase)
 pytestmark = pytest.mark.timing
-HOG = "while True: pass"
 SLEEPER = "import time\nwhile True: time.sleep(0.005)"
 
 

@@ -17,6 +17,8 @@ from sloguard.collectors.ebpf import kernel_source
 from sloguard.collectors.kernel_latency import KernelLatencyCollector
 from sloguard.core.samples import Sample
 
+HOG = "while True: pass"  # a process that keeps one CPU busy
+
 
 def need_bcc() -> None:
     """Root, Debian's BCC importable from this interpreter, and something to compile against
@@ -72,7 +74,7 @@ def hogs_beside_a_sleeper(real_cgroups: Any, busy: str, hogs: int, idle: str, sl
     for `seconds` (run), the processes ended with it (while_hogs_run)."""
     with while_hogs_run(real_cgroups):
         for _ in range(hogs):
-            real_cgroups.spawn(busy, "while True: pass")
+            real_cgroups.spawn(busy, HOG)
         real_cgroups.spawn(idle, sleeper)
         time.sleep(0.5)
         return run(cgroups, kernel, seconds)
