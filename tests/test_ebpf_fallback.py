@@ -15,14 +15,7 @@ import textwrap
 
 import pytest
 from conftest import need
-from support.ebpf import (
-    HOG,
-    dominate_cpu,
-    hogs_beside_a_sleeper,
-    kernel_collectors,
-    need_bcc,
-    of,
-)
+from support.ebpf import HOG, dominate_cpu, hogs_beside_a_sleeper, kernel_collectors, need_bcc, of
 
 # Wakes 20 times a second: each wake may still wait milliseconds behind the hogs, but its
 # waiting adds up to a small share of each second, while the hogs wait most of theirs.
