@@ -177,28 +177,64 @@ def test_a_lever_waits_for_be_busy_on_a_sample_taken_after_the_last_tick(tmp_pat
         agent.stop()
 
 
-def test_a_be_that_starts_between_ticks_is_seen_on_arrival(tmp_path, real_cgroups):
-    """LS over its objective arrives, BE is not busy on the tick's samples: the cgroups are
-    read afresh in that same evaluation, and a BE that has just started makes the rule fire
-    there, not at the next tick."""
+def _arrival_agent(tmp_path, real_cgroups):
+    """_cgroup_agent with a push receiver, and a function handing it one push of LS p99."""
     from sloguard.core.samples import Sample
 
     agent, be = _cgroup_agent(tmp_path, real_cgroups, "arrival",
                               f"app_latency: {{receive: {{enabled: true, token: {TOKEN}}}}}\n")
-    try:
-        def slow() -> None:  # as the receiver hands a push over
-            agent.app_latency._push([Sample("lat", {"node": "arrival"}, {"p99": 50.0},
-                                            time.time_ns())])
 
-        for _ in range(2):
-            slow()
+    def push(p99: float) -> None:  # as the receiver hands a push over
+        agent.app_latency._push([Sample("lat", {"node": "arrival"}, {"p99": p99},
+                                        time.time_ns())])
+    return agent, be, push
+
+
+def test_a_be_that_starts_between_ticks_is_seen_on_arrival(tmp_path, real_cgroups):
+    """LS goes over its objective on a push, BE is not busy on the tick's samples: the
+    cgroups are read afresh in that same evaluation, and a BE that has just started makes the
+    rule fire there, not at the next tick."""
+    agent, be, push = _arrival_agent(tmp_path, real_cgroups)
+    try:
+        for _ in range(2):  # LS within its objective, BE idle
+            push(5.0)
             agent.tick()
             time.sleep(0.2)
-        assert agent.engine.firing() == [] and agent.engine.held_back == {"fast/Slow"}
+        assert agent.engine.firing() == [] and agent.engine.held_back == set()
         hog = real_cgroups.spawn(be)
         time.sleep(0.3)
-        slow()
+        push(50.0)
         agent._on_arrival()
+        assert [i.rule for i in agent.engine.firing()] == ["Slow"]
+        hog.kill()
+    finally:
+        agent.stop()
+
+
+def test_a_rule_held_back_already_reads_no_cgroup_on_arrival(tmp_path, real_cgroups):
+    """The bound on that read's cost: LS over its objective with BE idle holds the rule back
+    on every push; only the push that first held it back reads the cgroups afresh (reading
+    them on each cost more than the tick's whole collection, docs/performance.md), and a BE
+    that starts later is seen by the next tick."""
+    agent, be, push = _arrival_agent(tmp_path, real_cgroups)
+    try:
+        push(5.0)
+        agent.tick()
+        time.sleep(0.2)
+        collected = agent._cgroups_mono
+        push(50.0)
+        agent._on_arrival()  # held back here, BE read afresh: idle
+        assert agent.engine.held_back == {"fast/Slow"} and agent._cgroups_mono > collected
+        hog = real_cgroups.spawn(be)
+        for _ in range(2):
+            time.sleep(0.3)
+            collected = agent._cgroups_mono
+            push(50.0)
+            agent._on_arrival()
+            assert agent._cgroups_mono == collected  # no read: the rule stayed held back
+            assert agent.engine.firing() == []
+        push(50.0)
+        agent.tick()  # the tick's collection sees BE busy
         assert [i.rule for i in agent.engine.firing()] == ["Slow"]
         hog.kill()
     finally:
