@@ -16,7 +16,7 @@ import re
 import resource
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from sloguard.core.health import ComponentStatus
 from sloguard.core.pod_cgroups import parse_pod_cgroup
 from sloguard.core.pods import PodMeta, pod_class
 from sloguard.core.samples import Sample
+from sloguard.core.selectors import Selector
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +207,7 @@ class _Tracked:
     inactive: int | None = None  # inactive file cache at the last memory.stat read
     prev: dict[str, float] = field(default_factory=dict)
     prev_mono: int = 0
+    cores: float = 0.0  # CPU usage (cores) at the last collection: what cpu_rise starts from
 
     def files(self) -> list[str | None]:
         return [self.cpu_usage, self.cpu_stat, self.mem_usage, self.mem_stat,
@@ -503,7 +505,7 @@ class CgroupCollector(CollectorBase):
             # A counter absent before or lower than before (reset) gives no rate.
             before = prev.get("usage_ns")
             if usage_ns is not None and before is not None and usage_ns >= before:
-                cpu_fields["usage_cores"] = (usage_ns - before) / 1e9 / elapsed
+                cpu_fields["usage_cores"] = item.cores = (usage_ns - before) / 1e9 / elapsed
             if periods is not None:
                 periods_before, throttled_before = prev.get("periods"), prev.get("throttled")
                 if (periods_before is not None and throttled_before is not None
@@ -569,6 +571,39 @@ class CgroupCollector(CollectorBase):
         if item.limit_bytes is not None:
             fields["limit_bytes"] = item.limit_bytes
         return fields
+
+    def cpu_rise(self, selectors: Iterable[Selector]) -> float:
+        """How much more CPU (cores) the busiest of the cgroups `selectors` select uses since
+        the last collection than over the interval before it: one file a cgroup, nothing
+        written, the next collection's rates unchanged. The agent's evaluation on arrival asks
+        it while a rule is held back on those cgroups, to read them in full only when work has
+        started there: the full read was 5 ms of CPU a push on 100 cgroups
+        (docs/performance.md, "Evaluation on arrival"). A selector matches the tags of the
+        samples of its own measurement (a pressure selector those of each resource)."""
+        chosen = [s for s in selectors if s.measurement in self.measurements]
+        if not chosen:
+            return 0.0
+        parsed, read = self._files.parsed, self._files.read
+        mono = time.monotonic_ns()
+        rise = 0.0
+        for item in self._tracked.values():
+            if not any(s.matches(item.tags) if s.measurement != "container_pressure" else
+                       any(s.matches(tags) for tags in item.psi_tags.values())
+                       for s in chosen):
+                continue
+            before, elapsed = item.prev.get("usage_ns"), (mono - item.prev_mono) / 1e9
+            if before is None or elapsed <= 0:
+                continue
+            if item.cpu_usage_v2:
+                stat = parsed(item.cpu_stat, _kv) if item.cpu_stat else None
+                usec = stat.get(b"usage_usec") if stat else None
+                usage_ns = None if usec is None else usec * 1000
+            else:
+                data = read(item.cpu_usage) if item.cpu_usage else None
+                usage_ns = int(data) if data else None
+            if usage_ns is not None and usage_ns >= before:
+                rise = max(rise, (usage_ns - before) / 1e9 / elapsed - item.cores)
+        return rise
 
     # -- inventory and health ------------------------------------------------------------
 

@@ -146,3 +146,41 @@ def test_container_that_exits_mid_read_is_skipped_and_counted(real_cgroups):
     assert collector.vanished_total == 1
     assert collector.status().ok
     assert {s.tags["cgroup"] for s in samples} == {f"/{real_cgroups.prefix}", f"/{keep}"}
+
+
+def test_cpu_rise_looks_at_the_selected_cgroups_only_and_changes_no_rate(real_cgroups):
+    """cpu_rise (evaluation on arrival's look before a full read): a BE that starts after the
+    last collection shows as a rise in cores; a busy LS cgroup the selector does not select,
+    and a BE busy since before that collection (no rise), do not; a pressure selector selects
+    by its resource's tags; and the next collection's rate still covers the whole interval."""
+    from sloguard.core.selectors import parse_selector
+
+    steady = real_cgroups.create("be/steady")
+    late = real_cgroups.create("be/late")
+    ls = real_cgroups.create("ls/busy")
+    real_cgroups.spawn(steady)
+    config = CgroupCollectorConfig(
+        include=[real_cgroups.prefix],
+        declare=[CgroupDeclaration(path=f"{real_cgroups.prefix}/be/*", **{"class": "BE"}),
+                 CgroupDeclaration(path=f"{real_cgroups.prefix}/ls/*", **{"class": "LS"})])
+    collector = CgroupCollector("node-a", config)
+    be = [parse_selector('container_cpu{class="BE"}')]
+    _collect_twice(collector, 0.5)
+    busy = real_cgroups.spawn(ls)  # LS busy: not selected
+    time.sleep(0.4)
+    assert collector.cpu_rise(be) < 0.1  # the steady BE was busy before as well
+    assert collector.cpu_rise([parse_selector('container_cpu{class="LS"}')]) > 0.3
+    busy.kill()
+    busy.wait()
+    real_cgroups.spawn(late)
+    time.sleep(0.4)
+    assert collector.cpu_rise(be) > 0.2
+    if collector.layout.unified is not None:
+        io = parse_selector('container_pressure{class="BE", resource="io"}')
+        assert collector.cpu_rise([io]) > 0.2
+        assert collector.cpu_rise([parse_selector(
+            'container_pressure{class="BE", resource="disk"}')]) == 0.0
+    assert collector.cpu_rise([parse_selector('node_cpu{class="BE"}')]) == 0.0  # not its own
+    samples = collector.collect(time.time_ns())
+    # the late BE's rate is over the 0.8 s since the last collection, as without the look
+    assert 0.2 < _by(samples, "container_cpu", late).fields["usage_cores"] < 0.8
