@@ -150,13 +150,13 @@ def test_container_that_exits_mid_read_is_skipped_and_counted(real_cgroups):
 
 def test_cpu_rise_looks_at_the_selected_cgroups_only_and_changes_no_rate(real_cgroups):
     """cpu_rise (evaluation on arrival's look before a full read): a BE that starts after the
-    last collection shows as a rise in cores; a busy LS cgroup the selector does not select,
-    and a BE busy since before that collection (no rise), do not; a pressure selector selects
-    by its resource's tags; and the next collection's rate still covers the whole interval."""
+    last collection shows as a rise in cores, also one discovered after the first looks; a
+    busy LS cgroup the selector does not select, and a BE busy since before that collection
+    (no rise), do not; a pressure selector selects by its resource's tags; and the next
+    collection's rate still covers the whole interval."""
     from sloguard.core.selectors import parse_selector
 
     steady = real_cgroups.create("be/steady")
-    late = real_cgroups.create("be/late")
     ls = real_cgroups.create("ls/busy")
     real_cgroups.spawn(steady)
     config = CgroupCollectorConfig(
@@ -172,6 +172,10 @@ def test_cpu_rise_looks_at_the_selected_cgroups_only_and_changes_no_rate(real_cg
     assert collector.cpu_rise([parse_selector('container_cpu{class="LS"}')]) > 0.3
     busy.kill()
     busy.wait()
+    late = real_cgroups.create("be/late")  # a BE that appears after those looks
+    collector.discover()  # what its looks select is matched again
+    collector.collect(time.time_ns())
+    time.sleep(0.4)
     real_cgroups.spawn(late)
     time.sleep(0.4)
     assert collector.cpu_rise(be) > 0.2
@@ -182,5 +186,6 @@ def test_cpu_rise_looks_at_the_selected_cgroups_only_and_changes_no_rate(real_cg
             'container_pressure{class="BE", resource="disk"}')]) == 0.0
     assert collector.cpu_rise([parse_selector('node_cpu{class="BE"}')]) == 0.0  # not its own
     samples = collector.collect(time.time_ns())
-    # the late BE's rate is over the 0.8 s since the last collection, as without the look
-    assert 0.2 < _by(samples, "container_cpu", late).fields["usage_cores"] < 0.8
+    # the late BE's rate is over the 0.8 s since the last collection, half of it idle, as
+    # without the looks (a look that moved the counters on would give its busy half alone)
+    assert 0.2 < _by(samples, "container_cpu", late).fields["usage_cores"] < 0.75
