@@ -177,6 +177,7 @@ def run_agent(config: Path, seconds: float, label: str,
         return {
             "pushes_failed": len(failed),
             "arrival_evaluations": loop["details"].get("arrival_evaluations", 0),
+            "arrival_reads": loop["details"].get("arrival_reads", 0),
             "cpu_percent": 100 * cpu / (wall1 - wall0),
             "cpu_per_tick_ms": 1000 * cpu / (wall1 - wall0),
             "rss_mb": agent.memory_info().rss / 1e6,
@@ -268,6 +269,7 @@ def main() -> None:
         print("|---|---|---|---|")
         for key, unit in (("cpu_percent", "% of one core"), ("rss_max_mb", "MB RSS max"),
                           ("arrival_evaluations", "evaluations on arrival"),
+                          ("arrival_reads", "of them, cgroups read afresh"),
                           ("pushes_failed", "pushes failed")):
             a, b = on[key], off[key]
             print(f"| {unit} | {a:.2f} | {b:.2f} | "

@@ -97,6 +97,7 @@ class Agent:
         self._arrival_pending = threading.Event()
         self._last_arrival = -math.inf
         self.arrival_evaluations = 0
+        self.arrival_reads = 0  # of them, those that read the cgroups afresh
         # confirm_interference: when the cgroups were last collected (monotonic), and each
         # policy's last answer for that collection
         self._cgroups_mono = -math.inf
@@ -501,6 +502,7 @@ class Agent:
             # select has risen since (one file a cgroup): a service over its objective with BE
             # idle read every cgroup at every push, 3.75% of a core against 1.90% tick only
             # with pushes every 0.5 s (docs/performance.md, "Evaluation on arrival").
+            self.arrival_reads += 1
             now_ns, mono_ns = self._collect_fresh()
             self.engine.evaluate(now_ns, mono_ns, fresh=True,
                                  only=frozenset(rule.key for rule in held))
@@ -854,7 +856,8 @@ class Agent:
             details={"ticks": self.ticks, "interval_s": self.settings.interval,
                      "last_tick_age_s": None if age is None else round(age, 3),
                      "consecutive_failures": self.tick_failures,
-                     "arrival_evaluations": self.arrival_evaluations}))
+                     "arrival_evaluations": self.arrival_evaluations,
+                     "arrival_reads": self.arrival_reads}))
 
     def _thread_fields(self, status: ComponentStatus) -> ComponentStatus:
         """The supervisor's view of the threads behind a component: down means not ok."""

@@ -240,6 +240,7 @@ def test_a_rule_held_back_reads_the_cgroups_again_only_when_be_cpu_rises(tmp_pat
         push(50.0)
         agent._on_arrival()  # BE's CPU rose: read again, and the rule fires on it
         assert agent._cgroups_mono > collected
+        assert (agent.arrival_evaluations, agent.arrival_reads) == (4, 2)  # /readyz's loop
         assert [i.rule for i in agent.engine.firing()] == ["Slow"]
         hog.kill()
     finally:
