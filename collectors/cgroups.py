@@ -297,7 +297,7 @@ class CgroupCollector(CollectorBase):
             else:
                 item = self._track(rel)
                 if old is not None:
-                    item.prev, item.prev_mono = old.prev, old.prev_mono
+                    item.prev, item.prev_mono, item.cores = old.prev, old.prev_mono, old.cores
             tracked[rel] = item
         self._tracked = tracked
         self.discoveries += 1

@@ -202,6 +202,7 @@ class Engine(AlertLifecycle):
             if hung is not None and hung[0] == rule.spec and (mono < hung[1] or hung[2].stuck):
                 self._causes.pop(rule.key, None)  # not judged: it tells nothing of the cause
                 self._causes_now.pop(rule.key, None)
+                self.held_back.discard(rule.key)
                 continue  # cut off recently, or its code still runs: not tried meanwhile
             self._due[rule.key] = mono + interval
             self.awaiting_fresh.discard(rule.key)  # what this evaluation decides
@@ -210,6 +211,7 @@ class Engine(AlertLifecycle):
                 values = self._values(rule, now_ns)
                 step = self._prepare(rule, values, now_ns)
             except Exception as exc:  # one broken rule must not stop the others
+                self.held_back.discard(rule.key)
                 self._judged(rule, status, now_ns, started, exc)
                 continue
             steps.append((rule, status, len(values), step, time.perf_counter() - started))
@@ -222,6 +224,7 @@ class Engine(AlertLifecycle):
             try:
                 self._step_rule(rule, step, outcome, now_ns)
             except Exception as exc:  # one broken rule must not stop the others
+                self.held_back.discard(rule.key)
                 self._judged(rule, status, now_ns, started, exc)
             else:
                 self._judged(rule, status, now_ns, started, None, series)
@@ -250,6 +253,7 @@ class Engine(AlertLifecycle):
         for key in [k for k in self._causes if k not in keys]:
             del self._causes[key]
         self.awaiting_fresh &= keys
+        self.held_back &= keys  # a rule reloaded away: held back again, it is held anew
         signals = {signal for rule in active_rules for signal in signal_keys(rule)}
         for key in [k for k in self._detectors if k not in signals]:
             del self._detectors[key]  # a rule gone, or a condition taken out of one

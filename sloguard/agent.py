@@ -465,6 +465,19 @@ class Agent:
             self._confirmed[policy] = self._cgroups_mono
             self._confirmed_as[policy] = self._policy_held(policy)
 
+    def _read_on_arrival(self, rules: frozenset[str]) -> None:
+        """LS over its objective, BE not busy on the tick's samples (up to a second old): the
+        cgroups read afresh and these held-back rules judged again, so that a BE that has just
+        started is seen now, not at the next tick (the lab's first lever came 0.8 s after the
+        antagonist's start, most of it waiting for that sample). On the arrival that holds a
+        rule back, and on a later one only if the CPU of a cgroup its conditions select has
+        risen since (CgroupCollector.cpu_rise): a service over its objective with BE idle read
+        every cgroup at every push, 3.75% of a core against 1.90% tick only with pushes every
+        0.5 s (docs/performance.md, "Evaluation on arrival")."""
+        self.arrival_reads += 1
+        now_ns, mono_ns = self._collect_fresh()
+        self.engine.evaluate(now_ns, mono_ns, fresh=True, only=rules)
+
     def _on_arrival(self) -> None:
         """The `on_arrival` rules on what has just arrived, and the ladder in the same step:
         a push every 0.5 s no longer waits up to a second for the tick (docs/app-latency.md,
@@ -489,23 +502,17 @@ class Agent:
         held = [rule for rule in self.rules.rules
                 if rule.spec.on_arrival and rule.key in self.engine.held_back]
         if held and self.cgroups is not None and \
-                time.monotonic() - self._cgroups_mono >= CONFIRM_S and (
-                    any(rule.key not in held_before for rule in held) or
-                    self.cgroups.cpu_rise(c.selector for rule in held
-                                          for kind, _, c in rule.spec.conditions
-                                          if kind == "and") >= CPU_RISE):
-            # LS over its objective, BE not busy on the tick's samples (up to a second old):
-            # the cgroups read afresh and those rules judged again, so that a BE that has just
-            # started is seen now, not at the next tick (the lab's first lever came 0.8 s after
-            # the antagonist's start, most of it waiting for that sample). On the arrival that
-            # holds a rule back, and on a later one only if the CPU of a cgroup its conditions
-            # select has risen since (one file a cgroup): a service over its objective with BE
-            # idle read every cgroup at every push, 3.75% of a core against 1.90% tick only
-            # with pushes every 0.5 s (docs/performance.md, "Evaluation on arrival").
-            self.arrival_reads += 1
-            now_ns, mono_ns = self._collect_fresh()
-            self.engine.evaluate(now_ns, mono_ns, fresh=True,
-                                 only=frozenset(rule.key for rule in held))
+                time.monotonic() - self._cgroups_mono >= CONFIRM_S:
+            # the selectors of their `and:` conditions the cgroup collector writes: a rule
+            # whose conditions are other signals has nothing to gain from reading cgroups
+            read = set(self.cgroups.measurements)
+            selectors = {rule.key: [c.selector for kind, _, c in rule.spec.conditions
+                                    if kind == "and" and c.selector.measurement in read]
+                         for rule in held}
+            if any(selectors[rule.key] and rule.key not in held_before for rule in held) or \
+                    self.cgroups.cpu_rise(s for found in selectors.values()
+                                          for s in found) >= CPU_RISE:
+                self._read_on_arrival(frozenset(k for k, found in selectors.items() if found))
         self._confirm_firings()
         firing = self.engine.firing()
         if not any(i.policy for i in firing):

@@ -158,6 +158,8 @@ def test_cpu_rise_looks_at_the_selected_cgroups_only_and_changes_no_rate(real_cg
 
     steady = real_cgroups.create("be/steady")
     ls = real_cgroups.create("ls/busy")
+    for rel in (steady, ls):  # their core even on a loaded machine: the bars need steady rates
+        real_cgroups.prioritise(rel)
     real_cgroups.spawn(steady)
     config = CgroupCollectorConfig(
         include=[real_cgroups.prefix],
@@ -173,6 +175,7 @@ def test_cpu_rise_looks_at_the_selected_cgroups_only_and_changes_no_rate(real_cg
     busy.kill()
     busy.wait()
     late = real_cgroups.create("be/late")  # a BE that appears after those looks
+    real_cgroups.prioritise(late)
     collector.discover()  # what its looks select is matched again
     collector.collect(time.time_ns())
     time.sleep(0.4)

@@ -116,7 +116,7 @@ groups:
 """
 
 
-def _cgroup_agent(tmp_path, real_cgroups, node: str, extra: str = ""):
+def _cgroup_agent(tmp_path, real_cgroups, node: str, extra: str = "", rules: str = CONFIRM_RULES):
     """An agent in this process on real BE and LS cgroups, CONFIRM_RULES and POLICY loaded;
     the BE cgroup's path beside it."""
     from sloguard.agent import Agent
@@ -125,7 +125,7 @@ def _cgroup_agent(tmp_path, real_cgroups, node: str, extra: str = ""):
     be = real_cgroups.create("be")
     real_cgroups.create("ls")
     (tmp_path / "rules").mkdir()
-    (tmp_path / "rules" / "r.yaml").write_text(CONFIRM_RULES)
+    (tmp_path / "rules" / "r.yaml").write_text(rules)
     (tmp_path / "policy.yaml").write_text(POLICY)
     config = tmp_path / "c.yaml"
     config.write_text(
@@ -177,12 +177,13 @@ def test_a_lever_waits_for_be_busy_on_a_sample_taken_after_the_last_tick(tmp_pat
         agent.stop()
 
 
-def _arrival_agent(tmp_path, real_cgroups):
+def _arrival_agent(tmp_path, real_cgroups, rules: str = CONFIRM_RULES):
     """_cgroup_agent with a push receiver, and a function handing it one push of LS p99."""
     from sloguard.core.samples import Sample
 
     agent, be = _cgroup_agent(tmp_path, real_cgroups, "arrival",
-                              f"app_latency: {{receive: {{enabled: true, token: {TOKEN}}}}}\n")
+                              f"app_latency: {{receive: {{enabled: true, token: {TOKEN}}}}}\n",
+                              rules)
 
     def push(p99: float) -> None:  # as the receiver hands a push over
         agent.app_latency._push([Sample("lat", {"node": "arrival"}, {"p99": p99},
@@ -201,6 +202,7 @@ def test_a_be_that_starts_between_ticks_is_seen_on_arrival(tmp_path, real_cgroup
             agent.tick()
             time.sleep(0.2)
         assert agent.engine.firing() == [] and agent.engine.held_back == set()
+        real_cgroups.prioritise(be)
         hog = real_cgroups.spawn(be)
         time.sleep(0.3)
         push(50.0)
@@ -234,15 +236,36 @@ def test_a_rule_held_back_reads_the_cgroups_again_only_when_be_cpu_rises(tmp_pat
             agent._on_arrival()
             assert agent._cgroups_mono == collected
             assert agent.engine.held_back == {"fast/Slow"}
+        real_cgroups.prioritise(be)  # its core even on a loaded machine
         hog = real_cgroups.spawn(be)
-        time.sleep(0.3)
-        assert agent.cgroups.cpu_rise([agent.rules.rules[0].spec.and_[0].selector]) > 0.2
+        selector = agent.rules.rules[0].spec.and_[0].selector
+        deadline = time.monotonic() + 5
+        while agent.cgroups.cpu_rise([selector]) < 0.4 and time.monotonic() < deadline:
+            time.sleep(0.05)  # until BE's rate since the last read is well over the bar
         push(50.0)
         agent._on_arrival()  # BE's CPU rose: read again, and the rule fires on it
         assert agent._cgroups_mono > collected
         assert (agent.arrival_evaluations, agent.arrival_reads) == (4, 2)  # /readyz's loop
         assert [i.rule for i in agent.engine.firing()] == ["Slow"]
         hog.kill()
+    finally:
+        agent.stop()
+
+
+def test_a_rule_held_back_on_other_signals_reads_no_cgroup(tmp_path, real_cgroups):
+    """Held back on a condition the cgroup collector does not write, a rule has nothing to
+    gain from a fresh cgroup read: the arrival that holds it back reads none."""
+    rules = CONFIRM_RULES.replace('container_cpu{class="BE"}', "queue").replace(
+        "usage_cores", "depth")
+    assert "queue" in rules
+    agent, _, push = _arrival_agent(tmp_path, real_cgroups, rules)
+    try:
+        push(5.0)
+        agent.tick()
+        time.sleep(0.2)
+        push(50.0)
+        agent._on_arrival()
+        assert agent.engine.held_back == {"fast/Slow"} and agent.arrival_reads == 0
     finally:
         agent.stop()
 

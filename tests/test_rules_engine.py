@@ -821,6 +821,22 @@ def test_a_series_missing_from_the_fresh_read_has_gone(tmp_path, others):
     assert h.engine.cause_present("guard", now=True) is False
 
 
+def test_a_rule_reloaded_away_is_no_longer_held_back(tmp_path):
+    """held_back names only rules loaded now: the agent's evaluation on arrival reads the
+    cgroups afresh on the arrival that holds a rule back, and a key left from a rule reloaded
+    away would have counted a later one of that name as held already."""
+    rules = _windowed("max")
+    h = _Harness(tmp_path, rules)
+    f = _Fresh(h)
+    f.be(T0, 0.0)
+    h.at(0, 30.0)  # LS slow, BE idle: held back
+    assert h.engine.held_back == {"ls/LSSlow"}
+    (tmp_path / "rules" / "r.yaml").write_text(rules.replace("LSSlow", "Renamed"))
+    h.rules.reload()
+    h.at(1, 30.0)
+    assert h.engine.held_back == {"ls/Renamed"}
+
+
 def test_a_lever_about_to_go_on_asks_the_rules_judged_afresh(tmp_path):
     """Two rules drive the policy; only the one whose firing waited was judged on the fresh
     read (Agent._confirm_firings). Its newest samples say BE stopped: the other rule's cause,
