@@ -111,8 +111,9 @@ def main() -> None:
         # Evaluation on arrival, a rule held back (LS over its objective, BE idle): each
         # arrival looks at the CPU of the cgroups the rule's `and:` conditions select
         # (cpu_rise), and reads all of them afresh (_collect_fresh) only when it has risen
-        selectors = [c.selector for rule in agent.rules.rules if rule.spec.on_arrival
-                     for kind, _, c in rule.spec.conditions if kind == "and"]
+        selectors = [s for found in agent.cgroup_conditions(
+            [rule for rule in agent.rules.rules if rule.spec.on_arrival]).values()
+            for s in found]
         looks = 200
         started = time.process_time()
         for _ in range(looks):

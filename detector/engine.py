@@ -205,13 +205,14 @@ class Engine(AlertLifecycle):
                 self.held_back.discard(rule.key)
                 continue  # cut off recently, or its code still runs: not tried meanwhile
             self._due[rule.key] = mono + interval
-            self.awaiting_fresh.discard(rule.key)  # what this evaluation decides
+            # what this evaluation decides (held back again only if judged: _step_rule)
+            self.awaiting_fresh.discard(rule.key)
+            self.held_back.discard(rule.key)
             started = time.perf_counter()
             try:
                 values = self._values(rule, now_ns)
                 step = self._prepare(rule, values, now_ns)
             except Exception as exc:  # one broken rule must not stop the others
-                self.held_back.discard(rule.key)
                 self._judged(rule, status, now_ns, started, exc)
                 continue
             steps.append((rule, status, len(values), step, time.perf_counter() - started))
@@ -224,7 +225,6 @@ class Engine(AlertLifecycle):
             try:
                 self._step_rule(rule, step, outcome, now_ns)
             except Exception as exc:  # one broken rule must not stop the others
-                self.held_back.discard(rule.key)
                 self._judged(rule, status, now_ns, started, exc)
             else:
                 self._judged(rule, status, now_ns, started, None, series)

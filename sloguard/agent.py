@@ -465,6 +465,14 @@ class Agent:
             self._confirmed[policy] = self._cgroups_mono
             self._confirmed_as[policy] = self._policy_held(policy)
 
+    def cgroup_conditions(self, rules: list[Any]) -> dict[str, list[Any]]:
+        """Rule key -> the selectors of its `and:` conditions on what the cgroup collector
+        writes: a rule held back on other signals has nothing to gain from reading cgroups."""
+        written = set(self.cgroups.measurements) if self.cgroups is not None else set()
+        return {rule.key: [c.selector for kind, _, c in rule.spec.conditions
+                           if kind == "and" and c.selector.measurement in written]
+                for rule in rules}
+
     def _read_on_arrival(self, rules: frozenset[str]) -> None:
         """LS over its objective, BE not busy on the tick's samples (up to a second old): the
         cgroups read afresh and these held-back rules judged again, so that a BE that has just
@@ -503,12 +511,7 @@ class Agent:
                 if rule.spec.on_arrival and rule.key in self.engine.held_back]
         if held and self.cgroups is not None and \
                 time.monotonic() - self._cgroups_mono >= CONFIRM_S:
-            # the selectors of their `and:` conditions the cgroup collector writes: a rule
-            # whose conditions are other signals has nothing to gain from reading cgroups
-            read = set(self.cgroups.measurements)
-            selectors = {rule.key: [c.selector for kind, _, c in rule.spec.conditions
-                                    if kind == "and" and c.selector.measurement in read]
-                         for rule in held}
+            selectors = self.cgroup_conditions(held)
             if any(selectors[rule.key] and rule.key not in held_before for rule in held) or \
                     self.cgroups.cpu_rise(s for found in selectors.values()
                                           for s in found) >= CPU_RISE:
