@@ -274,6 +274,10 @@ def main() -> None:
             a, b = on[key], off[key]
             print(f"| {unit} | {a:.2f} | {b:.2f} | "
                   f"{f'{a / b:.2f}x' if b else '-'} |")
+        # what receiving a push costs, apart from evaluating on it: tick only against the same
+        # agent without pushes (a new connection a push, as urllib makes)
+        per_push = (off["cpu_percent"] - with_cgroups["cpu_percent"]) * 10 * args.push_every
+        print(f"\nreceive cost per push (tick only minus no pushes): {per_push:.2f} ms of CPU")
     for name, extra in with_rules.items():
         print(f"\nthe {args.cgroups}-cgroup agent with {name} beside the shipped rules:\n")
         print(f"| metric | + {name} | shipped rules only | ratio |")

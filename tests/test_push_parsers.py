@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from sloguard.collectors.app_latency import AppLatencyCollector
 from sloguard.collectors.config import AppLatencyConfig, SloConfig
 from sloguard.collectors.exposition import OPENMETRICS, ExpositionError, ReadSpec, read
+from sloguard.ui import receive
 from sloguard.ui.line_protocol import LineProtocolError, parse_lines
 from sloguard.ui.receive import receive_router
 
@@ -301,3 +302,26 @@ def test_scraped_pages_over_the_bounds_are_errors_that_name_the_bound():
         read(HISTOGRAM.replace('{le="0.1"}', '{le="0.1",a="' + "x" * 17 + '"}'), "", spec)
     with pytest.raises(ExpositionError, match=r"line 6 has \d+ characters"):
         read(HISTOGRAM + "m " + "1" * spec.max_line + "\n", "", spec)
+
+
+def test_only_bodies_over_inline_body_are_parsed_in_a_worker_thread(client, monkeypatch):
+    """A small push is parsed on the event loop: the thread hop cost more than the parsing
+    (issue #23). A large one must not hold the loop up, so it goes to a worker thread."""
+    hops: list[str] = []
+
+    async def counting(call, *args):
+        hops.append(call.__name__)
+        return call(*args)
+
+    monkeypatch.setattr(receive, "run_in_threadpool", counting)
+    lines = "".join(f"m,host=a v={i}\n" for i in range(1000)).encode()
+    values = json.dumps({"observations": [{"service": "web",
+                                           "latency_ms": [1.5] * 3000}]}).encode()
+    assert len(lines) > receive.INLINE_BODY and len(values) > receive.INLINE_BODY
+    for path, small, large in (("/api/v1/write", b"m,host=a v=1\n", lines),
+                               ("/api/v1/observations", values[:60] + b"]}]}", values)):
+        for body in (small, large):
+            answer = client.post(path, content=body, headers=AUTH)
+            assert answer.status_code in (200, 204), answer.text
+    assert hops == ["parse_lines", "model_validate"]
+    client.collector.collect(time.time_ns())

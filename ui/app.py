@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 from sloguard import __version__
 from sloguard.core.incidents import SEVERITIES, STATES
 from sloguard.core.units import format_duration
-from sloguard.ui.auth import SESSION_COOKIE, Auth, client_of
+from sloguard.ui.auth import SESSION_COOKIE, Auth, ReadGate, client_of
 from sloguard.ui.pages import add_pages
 from sloguard.ui.view import NodeView
 
@@ -112,30 +112,7 @@ def create_app(agent: NodeView, manage_lifecycle: bool = True) -> FastAPI:
 
         app.include_router(fleet_router(agent))
 
-    @app.middleware("http")
-    async def reading_needs_a_login_off_loopback(request: Request, call_next: Any) -> Response:
-        # Exceptions raised here would bypass FastAPI's handlers (a 500): answer directly.
-        if not auth.host_ok(request):
-            return JSONResponse({"detail": "the Host header does not name this agent (a DNS "
-                                           "rebinding page?): use localhost or 127.0.0.1, or "
-                                           "list the name in ui.allowed_hosts"},
-                                status_code=400)
-        path = request.url.path
-        if path in own_auth:
-            return await call_next(request)
-        wait = auth.too_many(request)
-        if wait and path not in OPEN_PATHS:
-            return JSONResponse({"detail": "too many failed authentications from this "
-                                           f"address: retry in {wait:.0f}s"},
-                                status_code=429, headers={"Retry-After": str(int(wait + 0.999))})
-        if auth.read_open or path in OPEN_PATHS or path.startswith("/static/") or (
-                auth.authenticated(request)[0]):
-            return await call_next(request)
-        if path.startswith("/api/") or path == "/metrics" or path == "/openapi.json":
-            return JSONResponse({"detail": "this agent listens beyond loopback: send "
-                                           "Authorization: Bearer <ui.token>, or log in"},
-                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        return RedirectResponse(f"/login?next={quote(path)}", status_code=303)
+    app.add_middleware(ReadGate, auth=auth, open_paths=OPEN_PATHS, own_auth=own_auth)
 
     @app.get("/healthz", tags=["health"], responses={
         503: {"description": "the agent's loop has not ticked recently: restart it"}})

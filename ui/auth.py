@@ -27,9 +27,10 @@ import threading
 import time
 from collections import OrderedDict, deque
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from fastapi import HTTPException, Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 SESSION_COOKIE = "sloguard_session"
 CSRF_FIELD = "csrf"
@@ -294,3 +295,58 @@ class Auth:
             raise HTTPException(403, "missing or wrong CSRF token: reload the page and retry")
         raise HTTPException(401, "changes need Authorization: Bearer <ui.token>, or a login",
                             headers={"WWW-Authenticate": "Bearer"})
+
+
+class ReadGate:
+    """The checks every request passes before its route: the Host header names this agent,
+    and off loopback, reading needs the token or a login (paths in `own_auth` check a token
+    of their own, `open_paths` and /static/ need none).
+
+    A plain ASGI middleware, not Starlette's BaseHTTPMiddleware (`@app.middleware("http")`):
+    that one runs each request in a task group and streams the response through a memory
+    stream, a cost every push to the receive endpoints paid (measured by
+    benchmarks/agent_overhead.py --push-every, "receive cost per push"). It answers a refusal
+    itself: an exception raised here would bypass FastAPI's handlers (a 500).
+    """
+
+    def __init__(self, app: Any, auth: Auth, open_paths: frozenset[str],
+                 own_auth: frozenset[str]) -> None:
+        self.app = app
+        self.auth = auth
+        self.open_paths = open_paths
+        self.own_auth = own_auth
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self.refusal(Request(scope))
+        if refusal is None:
+            await self.app(scope, receive, send)
+        else:
+            await refusal(scope, receive, send)
+
+    def refusal(self, request: Request) -> Response | None:
+        """The answer to a request that may not go on, else None."""
+        auth = self.auth
+        if not auth.host_ok(request):
+            return JSONResponse({"detail": "the Host header does not name this agent (a DNS "
+                                           "rebinding page?): use localhost or 127.0.0.1, or "
+                                           "list the name in ui.allowed_hosts"},
+                                status_code=400)
+        path = request.url.path
+        if path in self.own_auth:
+            return None
+        wait = auth.too_many(request)
+        if wait and path not in self.open_paths:
+            return JSONResponse({"detail": "too many failed authentications from this "
+                                           f"address: retry in {wait:.0f}s"},
+                                status_code=429, headers={"Retry-After": str(int(wait + 0.999))})
+        if auth.read_open or path in self.open_paths or path.startswith("/static/") or (
+                auth.authenticated(request)[0]):
+            return None
+        if path.startswith("/api/") or path == "/metrics" or path == "/openapi.json":
+            return JSONResponse({"detail": "this agent listens beyond loopback: send "
+                                           "Authorization: Bearer <ui.token>, or log in"},
+                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        return RedirectResponse(f"/login?next={quote(path)}", status_code=303)

@@ -55,7 +55,7 @@ def summary_for(view: NodeView, seconds: int, buckets: int, limit: int,
 def fleet_router(view: NodeView) -> APIRouter:
     """GET /api/cluster/summary, mounted on the cluster server only (an agent has one node:
     its own incident list is the whole story). Behind the same authentication as the rest
-    of /api/ (app.py's middleware)."""
+    of /api/ (ui/auth.py's ReadGate)."""
     router = APIRouter()
 
     @router.get(SUMMARY_PATH, tags=["cluster"])
