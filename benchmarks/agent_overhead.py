@@ -8,12 +8,17 @@ cgroups (the fixed cost of the process) and a fixed pure-Python workload (a CPU-
 and reports ratios against both.
 
     sudo .venv/bin/python benchmarks/agent_overhead.py [--cgroups 100] [--seconds 60]
-        [--push-every 0.1]
+        [--push-every 0.1 [--swinging 8]]
 
 With `--push-every P`, a service pushes latency observations every P seconds to the loaded
 agent, which is measured twice more: with the shipped rules evaluated on arrival (issue #23:
 `arrival_floor` 100 ms) and with `arrival_floor: 0` (the tick only); their ratio is what
-evaluation on arrival costs.
+evaluation on arrival costs. The tick-only agent is then sent 1,000 pushes back to back, on
+new connections and on one kept open: what receiving a push costs. With `--swinging N`, both
+are measured once more with N more BE cgroups whose CPU swings (0.18 core for a second, none
+for the next, each at its own offset): the worst case of the look that bounds a held-back rule's
+reads (issue #23). An arrival can then find a BE cgroup's CPU risen by 0.1 core while all stay
+under the shipped "BE busy" bar, so the rule stays held back and the cgroups are read afresh.
 
 With `--rules FILE` (repeatable), the loaded agent is measured once more per FILE, loaded beside
 the shipped rules (issue #25 asked what a `changepoint` rule costs the agent:
@@ -23,6 +28,7 @@ the shipped rules (issue #25 asked what a `changepoint` rule costs the agent:
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import shutil
@@ -105,23 +111,52 @@ def _yardstick() -> float:
 
 
 PUSH_TOKEN = "bench-token"
+# A BE process under the shipped rules' "BE busy" (0.2 core): 0.18 core for a second, then
+# none for a second, in 1.8 ms slices so that a fresh read 100 ms long sees 0.18 too (a burst
+# would read as 1 core: busy). Each of the `{count}` starts its second at its own offset (from
+# its cgroup's number): whenever a collection falls, one of them starts soon after, and its
+# CPU has then risen by the look's 0.1 core since that collection.
+SWING = """
+import re, time
+index = int(re.findall(r"cg([0-9]+)", open("/proc/self/cgroup").read())[-1])
+offset = 2.0 * index / {count}
+while True:
+    now = time.time() + offset
+    if now % 2.0 < 1.0:
+        end = time.time() + 0.0018
+        while time.time() < end:
+            pass
+        time.sleep(0.0082)
+    else:
+        time.sleep(2.0 - now % 2.0)
+"""
+
+
+PUSH_BODY = json.dumps({"observations": [{"service": "bench", "latency_ms": [
+    1.0 if i % 2 else 300.0 for i in range(50)]}]}).encode()
+PUSH_HEADERS = {"Authorization": f"Bearer {PUSH_TOKEN}", "Content-Type": "application/json"}
+
+
+def _push(port: int, connection: http.client.HTTPConnection | None = None) -> None:
+    """50 observations, half of them over the SLO (so the interference rules have something
+    to judge): on `connection`, kept open, or on a new one, as urllib makes."""
+    if connection is not None:
+        connection.request("POST", "/api/v1/observations", PUSH_BODY, PUSH_HEADERS)
+        connection.getresponse().read()
+    else:
+        urllib.request.urlopen(urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/v1/observations", data=PUSH_BODY, method="POST",
+            headers=PUSH_HEADERS), timeout=5).read()
 
 
 def _pusher(port: int, every: float, stop: threading.Event,
             failed: list[str]) -> threading.Thread:
-    """A service pushing 50 observations every `every` seconds, half of them over its SLO
-    (so the interference rules have something to judge)."""
-    body = json.dumps({"observations": [{"service": "bench", "latency_ms": [
-        1.0 if i % 2 else 300.0 for i in range(50)]}]}).encode()
+    """A service pushing every `every` seconds."""
 
     def run() -> None:
         while not stop.wait(every):
-            request = urllib.request.Request(
-                f"http://127.0.0.1:{port}/api/v1/observations", data=body, method="POST",
-                headers={"Authorization": f"Bearer {PUSH_TOKEN}",
-                         "Content-Type": "application/json"})
             try:
-                urllib.request.urlopen(request, timeout=5).read()
+                _push(port)
             except OSError as exc:  # counted and reported: a push that failed cost nothing
                 failed.append(str(exc))
 
@@ -130,8 +165,33 @@ def _pusher(port: int, every: float, stop: threading.Event,
     return thread
 
 
-def run_agent(config: Path, seconds: float, label: str,
-              push_every: float = 0.0) -> dict[str, float]:
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def _receive_cost(agent: psutil.Process, port: int, pushes: int,
+                  background: float) -> dict[str, float]:
+    """CPU ms a push costs the agent, `pushes` of them back to back on new connections and as
+    many on one kept open, alternated in rounds of 100, less the agent's `background` (CPU s a
+    second) over their time. Pushes every 0.5 s cost less than the difference of two runs
+    varies by on this VM; a thousand together stand clear of it."""
+    spent = {"new": 0.0, "kept": 0.0}
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    for turn in range(2 * max(1, pushes // 100)):
+        way = "kept" if turn % 2 else "new"
+        cpu0, wall0 = _cpu(agent), time.monotonic()
+        for _ in range(100):
+            _push(port, connection if way == "kept" else None)
+        spent[way] += _cpu(agent) - cpu0 - background * (time.monotonic() - wall0)
+    connection.close()
+    count = 100 * max(1, pushes // 100)
+    return {f"receive_ms_{way}": 1000 * cpu / count for way, cpu in spent.items()}
+
+
+def run_agent(config: Path, seconds: float, label: str, push_every: float = 0.0,
+              burst: int = 0) -> dict[str, float]:
+    """The agent's cost over `seconds`; with `burst`, then the receive cost of a push."""
     data = Path(tempfile.mkdtemp(prefix="sloguard-bench-data-"))
     stop = threading.Event()
     failed: list[str] = []
@@ -174,7 +234,14 @@ def run_agent(config: Path, seconds: float, label: str,
         loop = next(c for c in ready["components"] if c["name"] == "loop")
         if failed:
             print(f"[{label}] {len(failed)} pushes failed, e.g. {failed[0]}", file=sys.stderr)
+        receive = {}
+        if burst:
+            stop.set()
+            print(f"[{label}] {burst} pushes back to back, new and kept connections",
+                  file=sys.stderr, flush=True)
+            receive = _receive_cost(agent, port, burst, cpu / (wall1 - wall0))
         return {
+            **receive,
             "pushes_failed": len(failed),
             "arrival_evaluations": loop["details"].get("arrival_evaluations", 0),
             "arrival_reads": loop["details"].get("arrival_reads", 0),
@@ -199,6 +266,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--push-every", type=float, default=0.0,
                         help="also measure evaluation on arrival under pushes this often (s)")
+    parser.add_argument("--swinging", type=int, default=0,
+                        help="with --push-every: also measure with this many BE cgroups whose "
+                             "CPU swings (the worst case of evaluation on arrival)")
     parser.add_argument("--rules", type=Path, action="append", default=[],
                         help="also measure the loaded agent with this rule file added")
     args = parser.parse_args()
@@ -227,6 +297,7 @@ def main() -> None:
         with_cgroups = run_agent(loaded, args.seconds, f"{args.cgroups} cgroups")
         without = run_agent(idle, args.seconds, "no cgroups")
         arrival: dict[str, dict[str, float]] = {}
+        swinging: dict[str, dict[str, float]] = {}
         if args.push_every:
             token = work / "token"
             token.write_text(PUSH_TOKEN)
@@ -238,7 +309,26 @@ def main() -> None:
                     "slos:\n  - {service: bench, latency_ms: 100, window: 2s}\n")
                 arrival[floor] = run_agent(pushed, args.seconds,
                                            f"pushes every {args.push_every:g} s, "
-                                           f"arrival_floor {floor}", args.push_every)
+                                           f"arrival_floor {floor}", args.push_every,
+                                           burst=1000 if floor == "0s" else 0)
+            if args.swinging:
+                swingers = BenchCgroups(args.swinging, code=SWING.replace(
+                    "{count}", str(args.swinging)), name="swing")
+                try:
+                    for floor in ("100ms", "0s"):
+                        config = work / f"swinging-{floor}.yaml"
+                        config.write_text(
+                            (work / f"pushed-{floor}.yaml").read_text()
+                            .replace(f"include: [{cgroups.prefix}]",
+                                     f"include: [{cgroups.prefix}, {swingers.prefix}]")
+                            .replace("    declare:\n", "    declare:\n"
+                                     f"      - {{path: '{swingers.prefix}/cg*', class: BE}}\n"))
+                        swinging[floor] = run_agent(
+                            config, args.seconds, f"pushes every {args.push_every:g} s, "
+                            f"{args.swinging} BE swinging, arrival_floor {floor}",
+                            args.push_every)
+                finally:
+                    swingers.remove()
         with_rules: dict[str, dict[str, float]] = {}
         for extra in args.rules:
             paths = [*shipped_rule_paths(), str(extra.resolve())]
@@ -274,10 +364,22 @@ def main() -> None:
             a, b = on[key], off[key]
             print(f"| {unit} | {a:.2f} | {b:.2f} | "
                   f"{f'{a / b:.2f}x' if b else '-'} |")
-        # what receiving a push costs, apart from evaluating on it: tick only against the same
-        # agent without pushes (a new connection a push, as urllib makes)
-        per_push = (off["cpu_percent"] - with_cgroups["cpu_percent"]) * 10 * args.push_every
-        print(f"\nreceive cost per push (tick only minus no pushes): {per_push:.2f} ms of CPU")
+        print(f"\nreceive cost per push (the tick-only agent, 1000 pushed back to back): "
+              f"{off['receive_ms_new']:.2f} ms of CPU on a new connection each, "
+              f"{off['receive_ms_kept']:.2f} ms on one kept open")
+    if swinging:
+        on, off = swinging["100ms"], swinging["0s"]
+        print(f"\nthe same, with {args.swinging} more BE cgroups whose CPU swings (the worst "
+              "case of the look):\n")
+        print("| metric | on arrival (100 ms floor) | tick only | ratio |")
+        print("|---|---|---|---|")
+        for key, unit in (("cpu_percent", "% of one core"),
+                          ("arrival_evaluations", "evaluations on arrival"),
+                          ("arrival_reads", "of them, cgroups read afresh"),
+                          ("pushes_failed", "pushes failed")):
+            a, b = on[key], off[key]
+            print(f"| {unit} | {a:.2f} | {b:.2f} | "
+                  f"{f'{a / b:.2f}x' if b else '-'} |")
     for name, extra in with_rules.items():
         print(f"\nthe {args.cgroups}-cgroup agent with {name} beside the shipped rules:\n")
         print(f"| metric | + {name} | shipped rules only | ratio |")
