@@ -64,12 +64,20 @@ def _hierarchies() -> list[Path]:
 
 class BenchCgroups:
     """`count` real cgroups (every v1 hierarchy the agent reads, and v2), one process in each:
-    `sleep` by default, or Python `code` that starts only once it has been moved in."""
+    `sleep` by default, or Python `code` that starts only once it has been moved in (and
+    never, should this process die first). A failure half-way removes what was made."""
 
     def __init__(self, count: int, code: str | None = None, name: str = "bench") -> None:
         self.prefix = f"sloguard-{name}-{os.getpid()}"
         self.roots = _hierarchies()
         self.procs: list[subprocess.Popen] = []
+        try:
+            self._make(count, code)
+        except BaseException:
+            self.remove()
+            raise
+
+    def _make(self, count: int, code: str | None) -> None:
         for i in range(count):
             rel = f"{self.prefix}/cg{i:03d}"
             for root in self.roots:
@@ -77,8 +85,9 @@ class BenchCgroups:
             if code is None:
                 proc = subprocess.Popen(["sleep", "86400"])
             else:
-                proc = subprocess.Popen([sys.executable, "-c", f"import sys\nsys.stdin.read(1)\n"
-                                         f"{code}"], stdin=subprocess.PIPE)
+                proc = subprocess.Popen([sys.executable, "-c", "import sys\nif sys.stdin.read(1) "
+                                         f"!= 'g':\n    sys.exit()\n{code}"],
+                                        stdin=subprocess.PIPE)
             self.procs.append(proc)
             for root in self.roots:
                 (root / rel / "cgroup.procs").write_text(str(proc.pid))
@@ -272,6 +281,8 @@ def main() -> None:
     parser.add_argument("--rules", type=Path, action="append", default=[],
                         help="also measure the loaded agent with this rule file added")
     args = parser.parse_args()
+    if args.swinging and not args.push_every:
+        raise SystemExit("--swinging needs --push-every: it measures evaluation on arrival")
     for extra in args.rules:
         if not extra.is_file():
             raise SystemExit(f"{extra}: no such rule file")

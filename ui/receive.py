@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 MAX_VALUES = 100_000  # latencies in one observation
 MAX_PERCENTILES = 32  # precomputed percentiles in one observation
 MAX_FIELD_NAMES = 256  # distinct field names pushed per measurement (each is a store column)
-# Bodies up to this are parsed on the event loop (at most about 3.5 ms, 800 one-field lines),
+# Bodies up to this are parsed on the event loop (at most about 3.5 ms: 1,365 one-field lines),
 # larger ones in a worker thread, so that they cannot hold up /healthz or another push long
 # (64 KiB of such lines take 27 ms). The hop costs 0.14 ms of CPU against 6 us for validating
 # a 50-value observation inline (issue #23: the receive cost per push in
