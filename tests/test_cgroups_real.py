@@ -160,6 +160,7 @@ def test_cpu_rise_looks_at_the_selected_cgroups_only_and_changes_no_rate(real_cg
     ls = real_cgroups.create("ls/busy")
     for rel in (steady, ls):  # their core even on a loaded machine: the bars need steady rates
         real_cgroups.prioritise(rel)
+    real_cgroups.limit(steady, 0.3)  # with one more busy loop, room for the test itself
     real_cgroups.spawn(steady)
     config = CgroupCollectorConfig(
         include=[real_cgroups.prefix],
