@@ -186,16 +186,16 @@ def _receive_cost(agent: psutil.Process, port: int, pushes: int,
     second) over their time. Pushes every 0.5 s cost less than the difference of two runs
     varies by on this VM; a thousand together stand clear of it."""
     spent = {"new": 0.0, "kept": 0.0}
+    rounds = max(1, pushes // 100)
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    for turn in range(2 * max(1, pushes // 100)):
+    for turn in range(2 * rounds):
         way = "kept" if turn % 2 else "new"
         cpu0, wall0 = _cpu(agent), time.monotonic()
         for _ in range(100):
             _push(port, connection if way == "kept" else None)
         spent[way] += _cpu(agent) - cpu0 - background * (time.monotonic() - wall0)
     connection.close()
-    count = 100 * max(1, pushes // 100)
-    return {f"receive_ms_{way}": 1000 * cpu / count for way, cpu in spent.items()}
+    return {f"receive_ms_{way}": 1000 * cpu / (100 * rounds) for way, cpu in spent.items()}
 
 
 def run_agent(config: Path, seconds: float, label: str, push_every: float = 0.0,
