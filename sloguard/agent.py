@@ -60,6 +60,11 @@ CONFIRM_S = 0.1  # confirm_interference: BE's fresh sample covers at least this 
 # evaluation on arrival: a held-back rule's cgroups are read again when one's CPU has risen
 # this much (cores) since the last collection; under the shipped "BE busy" bar (0.2)
 CPU_RISE = 0.1
+# A read on arrival that left every rule it judged held back raises that bar to this many times
+# the rise it read, and the raise halves every RISE_HALF_LIFE_S: BE cgroups swinging just under
+# the rule's own bar read every cgroup on 78 of 96 pushes (agent_overhead.py --swinging 8)
+RISE_AFTER_NOTHING = 1.5
+RISE_HALF_LIFE_S = 10.0
 SETTLE_AFTER_TICKS = 5  # the heap is settled (Agent.settle_heap) after this many ticks
 
 RULE_RELOAD_S = 10.0
@@ -98,6 +103,9 @@ class Agent:
         self._last_arrival = -math.inf
         self.arrival_evaluations = 0
         self.arrival_reads = 0  # of them, those that read the cgroups afresh
+        # the rise that brought the last read on arrival that changed nothing, and when
+        # (monotonic): _rise_bar
+        self._rise_for_nothing = (0.0, -math.inf)
         # confirm_interference: when the cgroups were last collected (monotonic), and each
         # policy's last answer for that collection
         self._cgroups_mono = -math.inf
@@ -481,10 +489,21 @@ class Agent:
         rule back, and on a later one only if the CPU of a cgroup its conditions select has
         risen since (CgroupCollector.cpu_rise): a service over its objective with BE idle read
         every cgroup at every push, 3.75% of a core against 1.90% tick only with pushes every
-        0.5 s (docs/performance.md, "Evaluation on arrival")."""
+        0.5 s (docs/performance.md, "Evaluation on arrival"). A read that changed nothing
+        raises the bar for the next (_rise_bar)."""
         self.arrival_reads += 1
         now_ns, mono_ns = self._collect_fresh()
         self.engine.evaluate(now_ns, mono_ns, fresh=True, only=rules)
+
+    def _rise_bar(self) -> float:
+        """How much a held-back rule's cgroups' CPU must rise for a read on arrival. A read
+        that changed nothing saw a rise its rules do not count as busy; the same rise again
+        would read again for nothing, so the bar goes over it, and comes back down with time
+        (a BE that starts while it is up is seen at the next tick, as without evaluation on
+        arrival)."""
+        rise, at = self._rise_for_nothing
+        return max(CPU_RISE, RISE_AFTER_NOTHING * rise *
+                   0.5 ** ((time.monotonic() - at) / RISE_HALF_LIFE_S))
 
     def _on_arrival(self) -> None:
         """The `on_arrival` rules on what has just arrived, and the ladder in the same step:
@@ -509,13 +528,18 @@ class Agent:
         self.engine.evaluate(now_ns, mono_ns, arrived=arrived)
         held = [rule for rule in self.rules.rules
                 if rule.spec.on_arrival and rule.key in self.engine.held_back]
-        if held and self.cgroups is not None and \
-                time.monotonic() - self._cgroups_mono >= CONFIRM_S:
+        if not held:
+            self._rise_for_nothing = (0.0, -math.inf)
+        elif self.cgroups is not None and time.monotonic() - self._cgroups_mono >= CONFIRM_S:
             selectors = self.cgroup_conditions(held)
-            if any(selectors[rule.key] and rule.key not in held_before for rule in held) or \
-                    self.cgroups.cpu_rise(s for found in selectors.values()
-                                          for s in found) >= CPU_RISE:
-                self._read_on_arrival(frozenset(k for k, found in selectors.items() if found))
+            rise = math.inf if any(selectors[rule.key] and rule.key not in held_before
+                                   for rule in held) else \
+                self.cgroups.cpu_rise(s for found in selectors.values() for s in found)
+            if rise >= self._rise_bar():
+                judged = frozenset(k for k, found in selectors.items() if found)
+                self._read_on_arrival(judged)
+                if rise != math.inf and judged <= self.engine.held_back:
+                    self._rise_for_nothing = (rise, time.monotonic())
         self._confirm_firings()
         firing = self.engine.firing()
         if not any(i.policy for i in firing):

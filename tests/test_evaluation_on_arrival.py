@@ -252,6 +252,64 @@ def test_a_rule_held_back_reads_the_cgroups_again_only_when_be_cpu_rises(tmp_pat
         agent.stop()
 
 
+def test_a_rise_that_changed_nothing_raises_the_bar_for_the_next_read(tmp_path, real_cgroups):
+    """The worst case of that bound: BE cgroups that start and stop just under the rule's own
+    bar (0.2 core) rose past CPU_RISE again and again, and every cgroup was read for nothing
+    on most pushes. A read that leaves its rules held back raises the bar over the rise it
+    read: the same rise again reads nothing, a BE that starts in earnest still reads at once."""
+    from sloguard.agent import RISE_AFTER_NOTHING
+
+    agent, be, push = _arrival_agent(tmp_path, real_cgroups)
+    selector = agent.rules.rules[0].spec.and_[0].selector
+
+    def rise_over(bar: float) -> float:
+        deadline = time.monotonic() + 5
+        while (rise := agent.cgroups.cpu_rise([selector])) < bar and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        return rise
+
+    try:
+        push(5.0)
+        agent.tick()
+        time.sleep(0.2)
+        push(50.0)
+        agent._on_arrival()  # held back here, BE read afresh: idle
+        assert agent.engine.held_back == {"fast/Slow"} and agent.arrival_reads == 1
+        real_cgroups.limit(be, 0.15)  # under the rule's 0.2, over CPU_RISE
+        hog = real_cgroups.spawn(be)
+        time.sleep(0.2)  # past CONFIRM_S since the last read
+        rise = rise_over(0.12)
+        push(50.0)
+        agent._on_arrival()  # read for nothing: BE at 0.15 is not busy to this rule
+        assert agent.arrival_reads == 2 and agent.engine.held_back == {"fast/Slow"}
+        assert agent._rise_bar() > RISE_AFTER_NOTHING * rise * 0.9
+        hog.kill()
+        hog.wait()
+        time.sleep(0.2)
+        agent.tick()  # BE idle on the tick's sample again; the rule still held back
+        assert agent.engine.held_back == {"fast/Slow"}
+        hog = real_cgroups.spawn(be)  # the same swing once more
+        time.sleep(0.2)
+        assert 0.1 <= rise_over(0.12) < agent._rise_bar()
+        push(50.0)
+        agent._on_arrival()
+        assert agent.arrival_reads == 2  # not read again
+        hog.kill()
+        hog.wait()
+        real_cgroups.limit(be, 1.0)
+        real_cgroups.prioritise(be)  # its core even on a loaded machine
+        hog = real_cgroups.spawn(be)
+        rise_over(agent._rise_bar() + 0.2)
+        push(50.0)
+        agent._on_arrival()  # BE busy in earnest: read, and the rule fires on it
+        assert agent.arrival_reads == 3
+        assert [i.rule for i in agent.engine.firing()] == ["Slow"]
+        hog.kill()
+    finally:
+        agent.stop()
+
+
 def test_a_rule_held_back_on_other_signals_reads_no_cgroup(tmp_path, real_cgroups):
     """Held back on a condition the cgroup collector does not write, a rule has nothing to
     gain from a fresh cgroup read: the arrival that holds it back reads none."""
