@@ -242,6 +242,7 @@ class CgroupCollector(CollectorBase):
         self._error = ""
         self._tracked: dict[str, _Tracked] = {}
         self._selected: dict[tuple[Selector, ...], list[_Tracked]] = {}  # cpu_rise
+        self._unnamed: frozenset[str] = frozenset()  # _publish
         self._next_discovery = 0.0
         self.vanished_total = 0
         self.discoveries = 0
@@ -430,6 +431,8 @@ class CgroupCollector(CollectorBase):
         if mono >= self._next_discovery:
             self.discover()
             self._next_discovery = mono + self.config.rediscover
+        elif self._unnamed and any(self.pod_lookup(uid) is not None for uid in self._unnamed):
+            self._name_late()
         samples: list[Sample] = []
         gone = []
         for rel, item in self._tracked.items():
@@ -631,8 +634,21 @@ class CgroupCollector(CollectorBase):
         The dicts are shared: copy before changing them."""
         return self._tags_by_path
 
+    def _name_late(self) -> None:
+        """The pod cgroups tracked before their pod's metadata was known, tagged again now
+        that it is: named, and classed by their label, at this collection rather than at the
+        next walk (`rediscover`). Until then a BestEffort pod labelled LS counted as BE, a
+        lever's target, and a lever's audit named a pod by its cgroup path."""
+        for item in self._tracked.values():
+            if item.tags.get("pod_uid") in self._unnamed and "pod" not in item.tags:
+                self._refresh(item)
+        self._publish()
+
     def _publish(self) -> None:
         self._selected = {}  # cpu_rise's cgroups by selectors: tags and cgroups may change
+        # pod uids of tracked cgroups without their pod's metadata (_name_late)
+        self._unnamed = frozenset(item.tags["pod_uid"] for item in self._tracked.values()
+                                  if "pod_uid" in item.tags and "pod" not in item.tags)
         self._tags_by_path = {rel: item.tags for rel, item in self._tracked.items()}
         self._workloads = tuple(
             {k: v for k, v in item.tags.items() if k != "node"}

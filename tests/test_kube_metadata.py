@@ -76,6 +76,45 @@ def test_samples_carry_pod_metadata_and_koordinator_class(kube, real_cgroups):
     assert "container" not in pod_level
 
 
+def test_metadata_that_arrives_late_names_and_classes_the_pod_at_the_next_collection(
+        kube, real_cgroups):
+    """A pod's cgroup is found before the listing that knows the pod (the agent lists again
+    within 2 s of such a cgroup): until then it carries what its path tells (BestEffort: BE).
+    Once the listing knows it, the next collection names it and classes it by its label, not
+    the next walk of the hierarchy (`rediscover`, 10 s by default): a BestEffort pod labelled
+    LS was otherwise a lever's target for up to that long, and a lever's audit named a
+    suspect by its cgroup path (the kube node test saw it once)."""
+    core = client.CoreV1Api(kube.api_client())
+    namespace = f"late-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    cache = PodMetadataCache(load_api_client(kube.kubeconfig_path()), NODE, refresh_s=3600)
+    cache.refresh()  # the listing before the pod
+    cid = uuid.uuid4().hex * 2
+    uid = _pod(core, namespace, "late-ls", {"koordinator.sh/qosClass": "LS"}, "BestEffort",
+               [("app", cid)])
+    rel = real_cgroups.create(f"kubepods/besteffort/pod{uid}/{cid}")
+    collector = CgroupCollector(
+        NODE, CgroupCollectorConfig(include=[f"{real_cgroups.prefix}/kubepods"],
+                                    rediscover=3600), pod_lookup=cache.get)
+
+    def tags() -> dict[str, str]:
+        samples = collector.collect(time.time_ns())
+        return next(s.tags for s in samples if s.tags["cgroup"] == f"/{rel}"
+                    and s.measurement == "container_memory")
+
+    before = tags()
+    assert before["class"] == "BE" and "pod" not in before
+    pod_level = "/" + rel.rsplit("/", 1)[0]  # what a lever targets
+    assert [w["class"] for w in collector.workloads() if w["cgroup"] == pod_level] == ["BE"]
+    cache.refresh()  # the listing that knows it
+    after = tags()
+    assert (after["pod"], after["namespace"], after["container"], after["class"]) == (
+        "late-ls", namespace, "app", "LS")
+    assert [(w["pod"], w["class"]) for w in collector.workloads()
+            if w["cgroup"] == pod_level] == [("late-ls", "LS")]
+    assert collector.discoveries == 1  # named without walking the hierarchy again
+
+
 def test_agent_uses_the_api_when_configured(kube, real_cgroups, tmp_path):
     namespace, batch, _ = _setup(kube, real_cgroups)
     config = tmp_path / "c.yaml"
