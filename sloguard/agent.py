@@ -62,9 +62,14 @@ CONFIRM_S = 0.1  # confirm_interference: BE's fresh sample covers at least this 
 CPU_RISE = 0.1
 # A read on arrival that left every rule it judged held back raises that bar to this many times
 # the rise it read, and the raise halves every RISE_HALF_LIFE_S: BE cgroups swinging just under
-# the rule's own bar read every cgroup on 78 of 96 pushes (agent_overhead.py --swinging 8)
+# the rule's own bar read every cgroup on 81 of 96 pushes (agent_overhead.py --swinging 8).
+# Never over RISE_BAR_MAX, just over the shipped "BE busy" bar: a larger rise that changed
+# nothing was held back by something the look does not see (an `unless:` on BE's I/O, a
+# pressure condition), and a BE that starts with that much CPU is read at once whatever came
+# before (a BE pod could otherwise raise the bar for everyone with bursts while it stalls on I/O)
 RISE_AFTER_NOTHING = 1.5
 RISE_HALF_LIFE_S = 10.0
+RISE_BAR_MAX = 0.3
 SETTLE_AFTER_TICKS = 5  # the heap is settled (Agent.settle_heap) after this many ticks
 
 RULE_RELOAD_S = 10.0
@@ -502,8 +507,8 @@ class Agent:
         (a BE that starts while it is up is seen at the next tick, as without evaluation on
         arrival)."""
         rise, at = self._rise_for_nothing
-        return max(CPU_RISE, RISE_AFTER_NOTHING * rise *
-                   0.5 ** ((time.monotonic() - at) / RISE_HALF_LIFE_S))
+        return min(RISE_BAR_MAX, max(CPU_RISE, RISE_AFTER_NOTHING * rise *
+                                     0.5 ** ((time.monotonic() - at) / RISE_HALF_LIFE_S)))
 
     def _on_arrival(self) -> None:
         """The `on_arrival` rules on what has just arrived, and the ladder in the same step:

@@ -6,6 +6,7 @@ have acted in the seconds the test waits."""
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import httpx
@@ -252,14 +253,35 @@ def test_a_rule_held_back_reads_the_cgroups_again_only_when_be_cpu_rises(tmp_pat
         agent.stop()
 
 
-def test_a_rise_that_changed_nothing_raises_the_bar_for_the_next_read(tmp_path, real_cgroups):
+def test_the_raised_bar_comes_down_with_time_and_stays_under_its_ceiling():
+    """Agent._rise_bar on its own: 1.5 times the rise that changed nothing, halving every 10 s,
+    never under CPU_RISE nor over RISE_BAR_MAX (a BE pod whose I/O holds the rule back by an
+    `unless:` could otherwise raise it with CPU bursts, for everyone)."""
+    from types import SimpleNamespace
+
+    from sloguard.agent import CPU_RISE, RISE_BAR_MAX, Agent
+
+    def bar(rise: float, ago: float) -> float:
+        return Agent._rise_bar(SimpleNamespace(_rise_for_nothing=(rise, time.monotonic() - ago)))
+
+    assert bar(0.0, math.inf) == CPU_RISE  # nothing read for nothing yet
+    assert bar(0.15, 0) == pytest.approx(0.225, rel=1e-3)
+    assert bar(0.15, 10) == pytest.approx(0.1125, rel=1e-2)  # halved after 10 s
+    assert bar(0.15, 60) == CPU_RISE
+    assert bar(2.0, 0) == RISE_BAR_MAX == 0.3  # a large rise raises it no further
+
+
+def test_a_rise_that_changed_nothing_raises_the_bar_for_the_next_read(tmp_path, real_cgroups,
+                                                                       monkeypatch):
     """The worst case of that bound: BE cgroups that start and stop just under the rule's own
     bar (0.2 core) rose past CPU_RISE again and again, and every cgroup was read for nothing
     on most pushes. A read that leaves its rules held back raises the bar over the rise it
     read: the same rise again reads nothing, a BE that starts in earnest still reads at once."""
-    from sloguard.agent import RISE_AFTER_NOTHING
+    import sloguard.agent
 
+    monkeypatch.setattr(sloguard.agent, "RISE_HALF_LIFE_S", 1e6)  # no decay: the test's pace
     agent, be, push = _arrival_agent(tmp_path, real_cgroups)
+    real_cgroups.prioritise(be)  # its share even on a loaded machine (capped below)
     selector = agent.rules.rules[0].spec.and_[0].selector
 
     def rise_over(bar: float) -> float:
@@ -279,11 +301,12 @@ def test_a_rise_that_changed_nothing_raises_the_bar_for_the_next_read(tmp_path, 
         real_cgroups.limit(be, 0.15)  # under the rule's 0.2, over CPU_RISE
         hog = real_cgroups.spawn(be)
         time.sleep(0.2)  # past CONFIRM_S since the last read
-        rise = rise_over(0.12)
+        rise_over(0.12)
         push(50.0)
         agent._on_arrival()  # read for nothing: BE at 0.15 is not busy to this rule
         assert agent.arrival_reads == 2 and agent.engine.held_back == {"fast/Slow"}
-        assert agent._rise_bar() > RISE_AFTER_NOTHING * rise * 0.9
+        assert agent._rise_for_nothing[0] >= 0.12
+        assert agent._rise_bar() == pytest.approx(1.5 * agent._rise_for_nothing[0])
         hog.kill()
         hog.wait()
         time.sleep(0.2)
@@ -298,13 +321,16 @@ def test_a_rise_that_changed_nothing_raises_the_bar_for_the_next_read(tmp_path, 
         hog.kill()
         hog.wait()
         real_cgroups.limit(be, 1.0)
-        real_cgroups.prioritise(be)  # its core even on a loaded machine
         hog = real_cgroups.spawn(be)
         rise_over(agent._rise_bar() + 0.2)
         push(50.0)
         agent._on_arrival()  # BE busy in earnest: read, and the rule fires on it
         assert agent.arrival_reads == 3
         assert [i.rule for i in agent.engine.firing()] == ["Slow"]
+        time.sleep(0.2)
+        push(50.0)
+        agent._on_arrival()  # firing, held back no more: the bar is down again
+        assert agent.engine.held_back == set() and agent._rise_bar() == 0.1
         hog.kill()
     finally:
         agent.stop()
