@@ -41,7 +41,7 @@ class CgroupAttribution:
         self.mode = mode
         self.polled = polled
         self.proc_root = proc_root
-        self._seen_discovery = -1
+        self._seen_generation = -1
         self._next_discovery = 0.0
         self._tags: dict[str, dict[str, str]] = {}
         self._by_id: dict[int, str] = {}
@@ -51,13 +51,14 @@ class CgroupAttribution:
         self.unmirrored: list[str] = []  # tracked cgroups without a v2 directory (cgroup mode)
 
     def refresh(self) -> None:
-        """Pick up the container collector's latest discovery (call once per tick)."""
+        """Pick up the container collector's latest discovery or re-tagging (call once per
+        tick)."""
         if not self.polled and time.monotonic() >= self._next_discovery:
             self.cgroups.discover()
             self._next_discovery = time.monotonic() + self.cgroups.config.rediscover
-        if self.cgroups.discoveries == self._seen_discovery:
+        if self.cgroups.generation == self._seen_generation:
             return
-        self._seen_discovery = self.cgroups.discoveries
+        self._seen_generation = self.cgroups.generation
         self._tags = dict(self.cgroups.tracked_tags())
         self._targets = {}
         self._pids = {}

@@ -246,6 +246,9 @@ class CgroupCollector(CollectorBase):
         self._next_discovery = 0.0
         self.vanished_total = 0
         self.discoveries = 0
+        # bumped whenever the tracked cgroups or their tags change (_publish): what the eBPF
+        # and CPI collectors key their copies of the tags on
+        self.generation = 0
         self.tracked = 0
         self._workloads: tuple[dict[str, str], ...] = ()
         # pod uid -> {"cpu": cores, "memory": working-set bytes}, as of the last collection
@@ -645,6 +648,7 @@ class CgroupCollector(CollectorBase):
         self._publish()
 
     def _publish(self) -> None:
+        self.generation += 1
         self._selected = {}  # cpu_rise's cgroups by selectors: tags and cgroups may change
         # pod uids of tracked cgroups without their pod's metadata (_name_late)
         self._unnamed = frozenset(item.tags["pod_uid"] for item in self._tracked.values()

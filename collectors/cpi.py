@@ -196,7 +196,7 @@ class CpiCollector(CollectorBase):
         self._node: CounterGroup | None = None
         self._groups: dict[str, tuple[CounterGroup, int]] = {}  # rel -> (counters, dir fd)
         self._prev: dict[str, tuple[float, float, float]] = {}
-        self._seen_discovery = -1
+        self._seen_generation = -1
         self.cgroup_errors: dict[str, str] = {}
 
     def start(self) -> None:
@@ -226,9 +226,9 @@ class CpiCollector(CollectorBase):
 
     def _sync_cgroups(self) -> None:
         assert self.cgroups is not None
-        if self.cgroups.discoveries == self._seen_discovery:
+        if self.cgroups.generation == self._seen_generation:
             return
-        self._seen_discovery = self.cgroups.discoveries
+        self._seen_generation = self.cgroups.generation
         tags = self.cgroups.tracked_tags()
         wanted = {rel for rel, t in tags.items() if t.get("level") in ("pod", "cgroup")}
         for rel in list(self._groups):

@@ -49,7 +49,9 @@ class PodMetadataCache:
     two listings is named, and classed by its label, seconds after its cgroup appears, not up
     to `refresh_s` later (seen on a real node: a 15 s antagonist was never named with the
     30 s default). Each unknown uid asks once, and listings stay at least `soon_s` apart, so a
-    stream of unknown cgroups costs at most one listing per `soon_s`."""
+    stream of unknown cgroups costs at most one listing per `soon_s`; after a failed listing
+    that gap doubles, up to `refresh_s` (the uids asked for ask again once the API answers:
+    an API server that is away is not listed every 2 s by every node)."""
 
     MAX_ASKED = 10_000  # unknown uids remembered; beyond, forgotten (and may ask again)
 
@@ -66,6 +68,7 @@ class PodMetadataCache:
         self._stop = threading.Event()
         self._wanted = threading.Event()
         self._asked: set[str] = set()
+        self._failures = 0  # listings failed in a row: the gap before the next asked one
         self._thread: threading.Thread | None = None
 
     def refresh(self) -> None:
@@ -77,9 +80,16 @@ class PodMetadataCache:
             self._error = f"listing pods failed: {exc.__class__.__name__}: {exc}"[:300]
             log.warning("kubernetes: %s", self._error)
             self._asked.clear()  # the pods it was asked for may ask again
+            self._failures += 1
             return
         self._pods = {p.metadata.uid: _meta_from_pod(p) for p in pods.items}
         self._error = ""
+        self._failures = 0
+
+    def gap(self) -> float:
+        """How long after the last listing an asked one may start: `soon_s`, doubled for each
+        listing that failed in a row, at most `refresh_s`."""
+        return min(max(self.refresh_s, self.soon_s), self.soon_s * 2 ** min(self._failures, 16))
 
     def start(self) -> None:
         """List pods now and every `refresh_s`, in a daemon thread: a hung API never blocks."""
@@ -93,7 +103,7 @@ class PodMetadataCache:
             self._wanted.wait(self.refresh_s)  # the period, or a lookup of an unknown pod
             if self._stop.is_set():
                 return
-            if self._wanted.is_set() and self._stop.wait(max(0.0, last + self.soon_s
+            if self._wanted.is_set() and self._stop.wait(max(0.0, last + self.gap()
                                                              - time.monotonic())):
                 return
             self._wanted.clear()

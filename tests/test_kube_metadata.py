@@ -3,6 +3,7 @@ attached to samples of real pod cgroups; and collection going on when the API is
 
 from __future__ import annotations
 
+import itertools
 import socket
 import time
 import uuid
@@ -10,6 +11,7 @@ import uuid
 from kubernetes import client
 
 from sloguard.agent import Agent
+from sloguard.collectors.cgroup_ids import CgroupAttribution
 from sloguard.collectors.cgroups import CgroupCollector
 from sloguard.collectors.config import CgroupCollectorConfig
 from sloguard.collectors.kube_pods import PodMetadataCache, load_api_client
@@ -102,8 +104,10 @@ def test_metadata_that_arrives_late_names_and_classes_the_pod_at_the_next_collec
         return next(s.tags for s in samples if s.tags["cgroup"] == f"/{rel}"
                     and s.measurement == "container_memory")
 
+    ebpf = CgroupAttribution(collector, "pid")  # what eBPF samples take their tags from
     before = tags()
-    assert before["class"] == "BE" and "pod" not in before
+    ebpf.refresh()
+    assert before["class"] == "BE" and "pod" not in before and "pod" not in ebpf.tags(rel)
     pod_level = "/" + rel.rsplit("/", 1)[0]  # what a lever targets
     assert [w["class"] for w in collector.workloads() if w["cgroup"] == pod_level] == ["BE"]
     cache.refresh()  # the listing that knows it
@@ -113,6 +117,8 @@ def test_metadata_that_arrives_late_names_and_classes_the_pod_at_the_next_collec
     assert [(w["pod"], w["class"]) for w in collector.workloads()
             if w["cgroup"] == pod_level] == [("late-ls", "LS")]
     assert collector.discoveries == 1  # named without walking the hierarchy again
+    ebpf.refresh()
+    assert (ebpf.tags(rel)["pod"], ebpf.tags(rel)["class"]) == ("late-ls", "LS")
 
 
 def test_agent_uses_the_api_when_configured(kube, real_cgroups, tmp_path):
@@ -160,6 +166,47 @@ def test_unreachable_api_is_reported_and_collection_goes_on(real_cgroups, tmp_pa
     samples = collector.collect(time.time_ns())
     tags = next(s.tags for s in samples if s.tags["cgroup"] == f"/{rel}")
     assert tags["class"] == "BE" and tags["pod_uid"] == uid and "pod" not in tags
+
+
+def test_listings_asked_for_while_the_api_is_away_back_off(tmp_path):
+    """The container collector looks up each unnamed pod at every collection, and a failed
+    listing lets every uid ask again: with the API away, each node would list every `soon_s`.
+    After each failed listing the gap before an asked one doubles, up to `refresh_s`."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: each listing fails at once
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    cache = PodMetadataCache(load_api_client(str(kubeconfig)), NODE, refresh_s=3600,
+                             soon_s=0.1)
+    listings = []
+    real_list = cache._core.list_pod_for_all_namespaces
+
+    def counted(*args, **kwargs):  # the real call, to a port nothing listens on
+        listings.append(time.monotonic())
+        return real_list(*args, **kwargs)
+
+    cache._core.list_pod_for_all_namespaces = counted
+    uid = str(uuid.uuid4())
+    cache.start()
+    try:
+        until = time.monotonic() + 3.5
+        while time.monotonic() < until:  # a collection a tick, at 20 ticks a second
+            assert cache.get(uid) is None
+            time.sleep(0.05)
+    finally:
+        cache.stop()
+    assert "listing pods failed" in cache.status().reason
+    gaps = [b - a for a, b in itertools.pairwise(listings)]
+    # 0.2, 0.4, 0.8, 1.6 s: five listings in 3.5 s, where a fixed 0.1 s gap gave over 20
+    assert 3 <= len(listings) <= 6, gaps
+    assert all(later > earlier for earlier, later in itertools.pairwise(gaps)), gaps
+    assert cache.gap() == 0.1 * 2 ** len(listings)
 
 
 def test_a_hung_api_never_blocks_the_agent(tmp_path):

@@ -80,7 +80,7 @@ def hogs_beside_a_sleeper(real_cgroups: Any, busy: str, hogs: int, idle: str, sl
     threads left over from earlier tests share that fraction. Throttled hogs wait on their run
     queue all the more, and the sleeper's weight is untouched, so what the tests compare keeps
     its direction."""
-    real_cgroups.limit(busy, os.cpu_count() - 0.5)
+    real_cgroups.limit(busy, len(os.sched_getaffinity(0)) - 0.5)
     with while_hogs_run(real_cgroups):
         for _ in range(hogs):
             real_cgroups.spawn(busy, HOG)
