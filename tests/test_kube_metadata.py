@@ -38,6 +38,18 @@ def _pod(core, namespace, name, labels, qos, containers):
     return pod.metadata.uid
 
 
+def _kubeconfig(tmp_path, server: str):
+    """A kubeconfig for `server` with a token nobody checks: for an API that is away or hangs."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{server: '{server}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    return kubeconfig
+
+
 def _setup(kube, real_cgroups):
     core = client.CoreV1Api(kube.api_client())
     namespace = f"meta-{uuid.uuid4().hex[:6]}"
@@ -148,13 +160,7 @@ def test_unreachable_api_is_reported_and_collection_goes_on(real_cgroups, tmp_pa
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        f"clusters: [{{name: k, cluster: {{server: 'https://127.0.0.1:{port}'}}}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
-    )
+    kubeconfig = _kubeconfig(tmp_path, f"https://127.0.0.1:{port}")
     uid, cid = str(uuid.uuid4()), uuid.uuid4().hex * 2
     rel = real_cgroups.create(f"kubepods/besteffort/pod{uid}/{cid}")
     cache = PodMetadataCache(load_api_client(str(kubeconfig)), NODE, refresh_s=3600)
@@ -175,13 +181,7 @@ def test_listings_asked_for_while_the_api_is_away_back_off(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: each listing fails at once
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        f"clusters: [{{name: k, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
-    )
+    kubeconfig = _kubeconfig(tmp_path, f"http://127.0.0.1:{port}")
     cache = PodMetadataCache(load_api_client(str(kubeconfig)), NODE, refresh_s=3600,
                              soon_s=0.1)
     listings = []
@@ -215,13 +215,7 @@ def test_a_hung_api_never_blocks_the_agent(tmp_path):
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)  # accepts connections, never answers
     port = listener.getsockname()[1]
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        f"clusters: [{{name: k, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
-    )
+    kubeconfig = _kubeconfig(tmp_path, f"http://127.0.0.1:{port}")
     cache = PodMetadataCache(load_api_client(str(kubeconfig)), NODE, refresh_s=3600)
     started = time.monotonic()
     cache.start()
