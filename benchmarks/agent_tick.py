@@ -39,14 +39,39 @@ from sloguard.settings import load_settings
 S = 10**9
 
 
-def _timed(spent: dict[str, float], phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _timed(spent: dict[str, float], phase: str, fn: Callable[..., Any],
+           clock: Callable[[], float] = time.process_time,
+           counting: list[bool] | None = None) -> Callable[..., Any]:
+    """`fn`, its CPU (by `clock`) added to `phase`; with `counting`, only while
+    `counting[0]` (agent_arrival.py: in an arrival, not in the tick between two)."""
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.process_time()
+        if counting is not None and not counting[0]:
+            return fn(*args, **kwargs)
+        start = clock()
         try:
             return fn(*args, **kwargs)
         finally:
-            spent[phase] += time.process_time() - start
+            spent[phase] += clock() - start
     return wrapper
+
+
+def bench_agent(work: Path, cgroups: BenchCgroups, extra: str = "") -> Agent:
+    """The agent of agent_overhead.py on `cgroups` (one LS in ten, the rest BE, the shipped
+    rules and policies, the embedded store in `work`), built in this process, its collectors
+    started and its rules loaded; `extra` is more of its config."""
+    config = work / "agent.yaml"
+    config.write_text(
+        f"data_dir: {work / 'data'}\n"
+        "collectors:\n  cgroups:\n"
+        f"    include: [{cgroups.prefix}]\n"
+        "    declare:\n"
+        f"      - {{path: '{cgroups.prefix}/cg??0', class: LS}}\n"
+        f"      - {{path: '{cgroups.prefix}/cg??[1-9]', class: BE}}\n" + extra)
+    agent = Agent(load_settings(config).settings)
+    for collector in agent.collectors:
+        collector.start()
+    agent._reload_rules()
+    return agent
 
 
 def main() -> None:
@@ -60,18 +85,7 @@ def main() -> None:
     print(f"creating {args.cgroups} cgroups", file=sys.stderr, flush=True)
     cgroups = BenchCgroups(args.cgroups, name="tick")
     try:
-        config = work / "agent.yaml"
-        config.write_text(
-            f"data_dir: {work / 'data'}\n"
-            "collectors:\n  cgroups:\n"
-            f"    include: [{cgroups.prefix}]\n"
-            "    declare:\n"
-            f"      - {{path: '{cgroups.prefix}/cg??0', class: LS}}\n"
-            f"      - {{path: '{cgroups.prefix}/cg??[1-9]', class: BE}}\n")
-        agent = Agent(load_settings(config).settings)
-        for collector in agent.collectors:
-            collector.start()
-        agent._reload_rules()
+        agent = bench_agent(work, cgroups)
         spent: dict[str, float] = defaultdict(float)
         for collector in agent.collectors:
             collector.collect = _timed(spent, f"collect {collector.name}", collector.collect)
