@@ -537,13 +537,14 @@ class Agent:
             self._rise_for_nothing = (0.0, -math.inf)
         elif self.cgroups is not None and time.monotonic() - self._cgroups_mono >= CONFIRM_S:
             selectors = self.cgroup_conditions(held)
-            rise = math.inf if any(selectors[rule.key] and rule.key not in held_before
-                                   for rule in held) else \
+            newly_held = any(selectors[rule.key] and rule.key not in held_before
+                             for rule in held)
+            rise = 0.0 if newly_held else \
                 self.cgroups.cpu_rise(s for found in selectors.values() for s in found)
-            if rise >= self._rise_bar():
+            if newly_held or rise >= self._rise_bar():
                 judged = frozenset(k for k, found in selectors.items() if found)
                 self._read_on_arrival(judged)
-                if rise != math.inf and judged <= self.engine.held_back:
+                if not newly_held and judged <= self.engine.held_back:
                     self._rise_for_nothing = (rise, time.monotonic())
         self._confirm_firings()
         firing = self.engine.firing()

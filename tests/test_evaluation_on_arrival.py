@@ -278,6 +278,7 @@ def test_a_rise_that_changed_nothing_raises_the_bar_for_the_next_read(tmp_path, 
     on most pushes. A read that leaves its rules held back raises the bar over the rise it
     read: the same rise again reads nothing, a BE that starts in earnest still reads at once."""
     import sloguard.agent
+    from sloguard.agent import CPU_RISE
 
     monkeypatch.setattr(sloguard.agent, "RISE_HALF_LIFE_S", 1e6)  # no decay: the test's pace
     agent, be, push = _arrival_agent(tmp_path, real_cgroups)
@@ -330,7 +331,7 @@ def test_a_rise_that_changed_nothing_raises_the_bar_for_the_next_read(tmp_path, 
         time.sleep(0.2)
         push(50.0)
         agent._on_arrival()  # firing, held back no more: the bar is down again
-        assert agent.engine.held_back == set() and agent._rise_bar() == 0.1
+        assert agent.engine.held_back == set() and agent._rise_bar() == CPU_RISE
         hog.kill()
     finally:
         agent.stop()

@@ -73,7 +73,7 @@ def hogs_beside_a_sleeper(real_cgroups: Any, busy: str, hogs: int, idle: str, sl
     """`hogs` CPU hogs in `busy` and one `sleeper` in `idle`, the collectors ticked over them
     for `seconds` (run), the processes ended with it (while_hogs_run).
 
-    The hogs are capped at half a CPU less than the machine has (RealCgroups.limit). At
+    The hogs are capped at half a CPU less than this process may use (RealCgroups.limit). At
     dominate_cpu's weight, uncapped, they left this process (whose threads tick the
     collectors) a fraction of a percent of a CPU: the 6 s of ticks of
     test_ebpf_real's 10x test took 13 s alone and 134-165 s late in a CI simulation, when
