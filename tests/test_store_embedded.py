@@ -414,3 +414,26 @@ def test_the_fold_is_due_by_the_store_clock(tmp_path):
             assert _counts(store, "node_load") == ((3, 0) if i == 2 else (0, i + 1))
     finally:
         store.close()
+
+
+def test_the_catalog_is_read_from_one_snapshot(tmp_path):
+    """A measurement committed between the reader's query of the measurements and its query of
+    the fields left a field without its measurement: the reading thread died on a KeyError
+    (found by a CI run, then made certain here by committing from SQLite's statement trace)."""
+    writer = EmbeddedStore(tmp_path / "s.db", 3600, 1 << 30)
+    reader = EmbeddedStore(tmp_path / "s.db", 3600, 1 << 30)
+    writer.write([Sample("a", {"n": "1"}, {"v": 1.0}, T0)])
+    committed = []
+
+    def commit_in_between(sql: str) -> None:
+        if "FROM fields" in sql and not committed:
+            committed.append(sql)
+            writer.write([Sample("b", {"n": "1"}, {"w": 2.0}, T0)])
+
+    reader._reader.set_trace_callback(commit_in_between)
+    assert reader.read(WindowQuery("a", 0, T0 + S, fields=("v",)))["v"].tolist() == [1.0]
+    assert committed  # the commit did land between the two queries
+    reader._reader.set_trace_callback(None)
+    assert reader.read(WindowQuery("b", 0, T0 + S, fields=("w",)))["w"].tolist() == [2.0]
+    writer.close()
+    reader.close()

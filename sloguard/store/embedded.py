@@ -112,6 +112,19 @@ class _Catalog:
         self.columns: dict[str, dict[str, str]] = {}  # measurement -> field -> column
 
     def load(self, conn: sqlite3.Connection) -> None:
+        """Add what `conn` sees that is not mirrored yet, from one snapshot: a reader outside a
+        transaction read each table at its own moment, and a measurement committed between
+        two of them left a field without its measurement (a KeyError in a reading thread)."""
+        own = not conn.in_transaction
+        if own:
+            conn.execute("BEGIN")  # deferred: in WAL, a snapshot that never blocks the writer
+        try:
+            self._load(conn)
+        finally:
+            if own and conn.in_transaction:
+                conn.execute("COMMIT")
+
+    def _load(self, conn: sqlite3.Connection) -> None:
         known = max(self.series_by_id, default=0)
         for sid, measurement, tags in conn.execute(
             "SELECT id, measurement, tags FROM series WHERE id > ?", (known,)
