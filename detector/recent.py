@@ -28,8 +28,8 @@ _FUTURE_NS = 3600 * 10**9  # points this far ahead of the newest batch: the cloc
 class Subscription:
     """The values of one field of the series one selector matches, over a sliding window."""
 
-    __slots__ = ("field", "key", "match", "pruned_ns", "selector", "series", "unordered",
-                 "window_ns")
+    __slots__ = ("added", "field", "key", "match", "pruned_ns", "selector", "series",
+                 "unordered", "window_ns")
 
     def __init__(self, selector: Selector, field: str, window_ns: int) -> None:
         self.selector = selector
@@ -40,6 +40,10 @@ class Subscription:
         self.match: dict[tuple, SeriesKey | None] = {}  # tag items as given -> key or no match
         self.unordered: set[SeriesKey] = set()  # series that got a point older than their last
         self.pruned_ns = 0
+        # points put so far: what a rule judged on this subscription cannot have changed
+        # while it stays the same, but for points leaving the window with time
+        # (Engine: a held-back rule is not judged again on arrival)
+        self.added = 0
 
     def offer(self, sample: Sample, given: tuple) -> None:
         value = sample.fields.get(self.field)
@@ -62,6 +66,7 @@ class Subscription:
         elif time_ns < points[-1][0]:
             self.unordered.add(key)
         points.append((time_ns, float(value)))
+        self.added += 1
 
     def prune(self, latest_ns: int) -> None:
         """Drop points that left the window. Every few seconds, not every tick: `window` filters

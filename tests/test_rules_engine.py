@@ -837,6 +837,41 @@ def test_a_rule_reloaded_away_is_no_longer_held_back(tmp_path):
     assert h.engine.held_back == {"ls/Renamed"}
 
 
+def test_a_held_back_rule_is_judged_on_arrival_again_only_once_its_conditions_have_more(
+        tmp_path):
+    """LS over its objective with BE idle holds an `on_arrival` rule back on every push; judged
+    again on each, it cost every BE series for nothing (benchmarks/agent_arrival.py). It waits
+    for its conditions to be given a sample (a tick's collection, a fresh read) and is then
+    judged as ever: BE busy, it fires."""
+    rules = _windowed("max").replace("        severity: critical",
+                                     "        severity: critical\n        on_arrival: true")
+    h = _Harness(tmp_path, rules)
+    f = _Fresh(h)
+    h.engine.confirm_firing = False  # a firing goes ahead on the evaluation that allows it
+
+    def arrive(ns: int, p99: float) -> None:
+        h.windows.add([Sample("lat", {"node": "node-a", "class": "LS", "pod": "web-1"},
+                              {"p99": p99}, ns)])
+        h.engine.evaluate(ns, arrived=frozenset({"lat"}))
+
+    f.be(T0, 0.0)
+    h.at(0, 30.0)  # the tick: LS slow, BE idle: held back
+    assert h.engine.held_back == {"ls/LSSlow"}
+    status = h.engine.status["ls/LSSlow"]
+    judged = status.evaluations
+    for tenth in (3, 6):  # pushes, nothing new for BE: not judged again, still held back
+        arrive(T0 + tenth * S // 10, 30.0)
+        assert status.evaluations == judged and h.engine.held_back == {"ls/LSSlow"}
+    assert h.engine.unchanged_on_arrival == 2
+    f.be(T0 + 7 * S // 10, 3.0)  # BE read (afresh, or by the tick): busy
+    arrive(T0 + 8 * S // 10, 30.0)
+    assert status.evaluations == judged + 1
+    assert [i.rule for i in h.engine.firing()] == ["LSSlow"]
+    assert h.engine.held_back == set()
+    arrive(T0 + 9 * S // 10, 30.0)  # firing, not held back: judged on every arrival
+    assert status.evaluations == judged + 2 and h.engine.unchanged_on_arrival == 2
+
+
 def test_a_lever_about_to_go_on_asks_the_rules_judged_afresh(tmp_path):
     """Two rules drive the policy; only the one whose firing waited was judged on the fresh
     read (Agent._confirm_firings). Its newest samples say BE stopped: the other rule's cause,
