@@ -102,6 +102,11 @@ def test_kubernetes_pod_layouts_are_recognised(real_cgroups):
     sd_container = real_cgroups.create(
         f"kubepods.slice/kubepods-burstable.slice/{sd_pod}/cri-containerd-{cid}.scope"
     )
+    # static pods: the kubelet's uid is the hex of an MD5, without dashes
+    static_fs, static_sd = uuid.uuid4().hex, uuid.uuid4().hex
+    real_cgroups.create(f"kubepods/burstable/pod{static_fs}")
+    real_cgroups.create(f"kubepods.slice/kubepods-besteffort.slice/"
+                        f"kubepods-besteffort-pod{static_sd}.slice")
     real_cgroups.spawn(fs_container, "import time\ntime.sleep(60)")
     real_cgroups.spawn(sd_container, "import time\ntime.sleep(60)")
     collector = CgroupCollector(
@@ -119,6 +124,13 @@ def test_kubernetes_pod_layouts_are_recognised(real_cgroups):
     ls = _by(samples, "container_memory", sd_container).tags
     assert (ls["level"], ls["qos"], ls["class"], ls["pod_uid"], ls["container_id"]) == (
         "container", "burstable", "LS", uid_sd, cid)
+    for rel, uid, qos_tier, cls in (
+            (f"kubepods/burstable/pod{static_fs}", static_fs, "burstable", "LS"),
+            (f"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{static_sd}.slice",
+             static_sd, "besteffort", "BE")):
+        static = _by(samples, "container_memory", f"{real_cgroups.prefix}/{rel}").tags
+        assert (static["level"], static["qos"], static["class"], static["pod_uid"]) == (
+            "pod", qos_tier, cls, uid)
     qos = _by(samples, "container_memory", f"{real_cgroups.prefix}/kubepods/besteffort").tags
     assert (qos["level"], qos["class"]) == ("qos", "BE")
     # per-pod usage for the eviction ranking: the pod cgroup's own figures, by pod uid

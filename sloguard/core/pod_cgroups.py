@@ -13,9 +13,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+# A pod's uid is a UUID from the apiserver, or, for a static pod (a manifest the kubelet runs
+# from a file or URL: etcd and the apiserver on a kubeadm control-plane node), the hex of an
+# MD5 the kubelet makes of the manifest, without dashes (applyDefaults, pkg/kubelet/config/
+# common.go). Its mirror pod in the API has a uid of its own, so a static pod is classed by its
+# QoS tier: the mirror's `kubernetes.io/config.mirror` annotation, which would map it, may be set
+# by anyone who can create a pod, and a forged one could label etcd BE.
 _POD = re.compile(
     r"^(?:kubepods(?:-(?:besteffort|burstable))?-)?pod"
-    r"([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})"
+    r"([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12}"
+    r"|[0-9a-fA-F]{32})"
     r"(?:\.slice)?$"
 )
 _CONTAINER = re.compile(
