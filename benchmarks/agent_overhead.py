@@ -67,8 +67,12 @@ class BenchCgroups:
     `sleep` by default, or Python `code` that starts only once it has been moved in (and
     never, should this process die first). A failure half-way removes what was made."""
 
-    def __init__(self, count: int, code: str | None = None, name: str = "bench") -> None:
+    def __init__(self, count: int, code: str | None = None, name: str = "bench",
+                 grouped: bool = False) -> None:
+        """`grouped`: the LS cgroups under `ls/`, the BE ones under `be/` (as the kubelet puts
+        BestEffort pods under its besteffort QoS cgroup), not all side by side."""
         self.prefix = f"sloguard-{name}-{os.getpid()}"
+        self.grouped = grouped
         self.roots = _hierarchies()
         self.procs: list[subprocess.Popen] = []
         try:
@@ -79,7 +83,8 @@ class BenchCgroups:
 
     def _make(self, count: int, code: str | None) -> None:
         for i in range(count):
-            rel = f"{self.prefix}/cg{i:03d}"
+            group = ("ls/" if i % 10 == 0 else "be/") if self.grouped else ""
+            rel = f"{self.prefix}/{group}cg{i:03d}"
             for root in self.roots:
                 (root / rel).mkdir(parents=True, exist_ok=True)
             if code is None:
@@ -103,10 +108,18 @@ class BenchCgroups:
         for root in self.roots:
             base = root / self.prefix
             if base.exists():
-                for child in sorted(base.iterdir()):
-                    if child.is_dir():
-                        child.rmdir()
-                base.rmdir()
+                below = [Path(d) for d, _, _ in os.walk(base)]
+                for directory in sorted(below, key=lambda d: len(d.parts), reverse=True):
+                    directory.rmdir()
+
+    def declare(self) -> str:
+        """The agent's `collectors.cgroups` lines for them: one LS in ten, the rest BE (the
+        names run cg000-cg099: `cg0*` was every one of them, and no BE at all until #23)."""
+        group = ("ls/", "be/") if self.grouped else ("", "")
+        return (f"    include: [{self.prefix}]\n"
+                "    declare:\n"
+                f"      - {{path: '{self.prefix}/{group[0]}cg??0', class: LS}}\n"
+                f"      - {{path: '{self.prefix}/{group[1]}cg??[1-9]', class: BE}}\n")
 
 
 def _yardstick() -> float:
@@ -293,15 +306,7 @@ def main() -> None:
     cgroups = BenchCgroups(args.cgroups)
     try:
         loaded = work / "loaded.yaml"
-        loaded.write_text(
-            "collectors:\n  cgroups:\n"
-            f"    include: [{cgroups.prefix}]\n"
-            "    declare:\n"
-            # one LS cgroup in ten, the rest BE (the names run cg000-cg099: `cg0*` was every
-            # one of them, and no BE at all until #23)
-            f"      - {{path: '{cgroups.prefix}/cg??0', class: LS}}\n"
-            f"      - {{path: '{cgroups.prefix}/cg??[1-9]', class: BE}}\n"
-        )
+        loaded.write_text("collectors:\n  cgroups:\n" + cgroups.declare())
         idle = work / "idle.yaml"
         idle.write_text("collectors:\n  cgroups:\n    include: []\n")
         yard_before = _yardstick()

@@ -62,11 +62,7 @@ def bench_agent(work: Path, cgroups: BenchCgroups, extra: str = "") -> Agent:
     config = work / "agent.yaml"
     config.write_text(
         f"data_dir: {work / 'data'}\n"
-        "collectors:\n  cgroups:\n"
-        f"    include: [{cgroups.prefix}]\n"
-        "    declare:\n"
-        f"      - {{path: '{cgroups.prefix}/cg??0', class: LS}}\n"
-        f"      - {{path: '{cgroups.prefix}/cg??[1-9]', class: BE}}\n" + extra)
+        "collectors:\n  cgroups:\n" + cgroups.declare() + extra)
     agent = Agent(load_settings(config).settings)
     for collector in agent.collectors:
         collector.start()

@@ -581,23 +581,24 @@ class CgroupCollector(CollectorBase):
 
     def cpu_rise(self, selectors: Iterable[Selector]) -> float:
         """How much more CPU (cores) the busiest of the cgroups `selectors` select uses since
-        the last collection than over the interval before it: one file a cgroup, nothing
-        written, the next collection's rates unchanged. The agent's evaluation on arrival asks
-        it while a rule is held back on those cgroups, to read them in full only when work has
-        started there: on 100 cgroups the look takes 0.11 ms of CPU, the full read 5.8 ms
-        (benchmarks/agent_tick.py). A selector matches the tags of the samples of its own
-        measurement (a pressure selector those of each resource)."""
+        the last collection than over the interval before it: one file a cgroup (or a parent
+        for all its children, _probes), nothing written, the next collection's rates unchanged.
+        The agent's evaluation on arrival asks it while a rule is held back on those cgroups,
+        to read them in full only when work has started there: on 100 cgroups the look takes
+        0.11 ms of CPU back to back, the full read 5.8 ms (benchmarks/agent_tick.py). A
+        selector matches the tags of the samples of its own measurement (a pressure selector
+        those of each resource)."""
         chosen = tuple(s for s in selectors if s.measurement in self.measurements)
         if not chosen:
             return 0.0
         selected = self._selected.get(chosen)
         if selected is None:  # matched once per discovery: matching on each look took it
             # from 0.11 to 0.26 ms (benchmarks/agent_tick.py's 100 cgroups)
-            selected = self._selected[chosen] = [
-                item for item in self._tracked.values()
+            selected = self._selected[chosen] = self._probes([
+                rel for rel, item in self._tracked.items()
                 if any(s.matches(item.tags) if s.measurement != "container_pressure" else
                        any(s.matches(tags) for tags in item.psi_tags.values())
-                       for s in chosen)]
+                       for s in chosen)])
         parsed, read = self._files.parsed, self._files.read
         mono = time.monotonic_ns()
         rise = 0.0
@@ -615,6 +616,45 @@ class CgroupCollector(CollectorBase):
             if usage_ns is not None and usage_ns >= before:
                 rise = max(rise, (usage_ns - before) / 1e9 / elapsed - item.cores)
         return rise
+
+    def _probes(self, rels: list[str]) -> list[_Tracked]:
+        """The cgroups whose counters `cpu_rise` reads for the selected `rels`: a tracked
+        parent in place of its children where they are all of its children and it runs nothing
+        of its own (the kubelet's besteffort QoS cgroup on a node whose BE pods are its
+        BestEffort ones), else each cgroup. The parent's rise is the sum of its children's:
+        one BE that starts shows whole, one file instead of a file a pod, which in place cost
+        0.68 ms an arrival on 90 BE cgroups (benchmarks/agent_arrival.py --grouped). What the
+        sum cannot show is one BE starting as much as another stops at the same moment: that
+        start is seen at the next tick, as without evaluation on arrival. Decided once per
+        discovery (a listing of the parent's directory and its cgroup.procs)."""
+        by_parent: dict[str, list[str]] = {}
+        for rel in rels:
+            by_parent.setdefault(rel.rpartition("/")[0], []).append(rel)
+        probes: list[_Tracked] = []
+        for parent, children in by_parent.items():
+            whole = self._tracked.get(parent) if parent and len(children) > 1 else None
+            if whole is not None and self._only_children(whole, children):
+                probes.append(whole)
+            else:
+                probes.extend(self._tracked[rel] for rel in children)
+        return probes
+
+    def _only_children(self, parent: _Tracked, children: list[str]) -> bool:
+        """`children` are all the cgroups under `parent` in the hierarchy its CPU is read
+        from, and no process sits in it directly (cgroup v1 allows one)."""
+        usage = parent.cpu_stat if parent.cpu_usage_v2 else parent.cpu_usage
+        if not usage:
+            return False
+        directory = os.path.dirname(usage)
+        try:
+            with os.scandir(directory) as entries:
+                below = {e.name for e in entries if e.is_dir(follow_symlinks=False)}
+            with open(f"{directory}/cgroup.procs", "rb") as procs:
+                if procs.read(1):
+                    return False
+        except OSError:
+            return False
+        return below == {rel.rpartition("/")[2] for rel in children}
 
     # -- inventory and health ------------------------------------------------------------
 

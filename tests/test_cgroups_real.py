@@ -3,6 +3,7 @@ memory, per-cgroup PSI, pod path recognition and containers that vanish mid-read
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 
@@ -139,6 +140,59 @@ def test_kubernetes_pod_layouts_are_recognised(real_cgroups):
     assert collector.usage(uid_fs, "cpu") == pod_cpu["usage_cores"]
     assert collector.usage(uid_fs, "memory") > 0
     assert collector.usage("no-such-pod", "cpu") is None
+
+
+def test_cpu_rise_reads_the_parent_of_all_its_children_and_each_child_otherwise(real_cgroups):
+    """The look before a full read costs a file a BE cgroup: where the selected cgroups are
+    all the children of a tracked parent that runs nothing itself (the kubelet's besteffort
+    QoS cgroup), it reads the parent's one counter, and a BE that starts shows there. Where an
+    LS cgroup sits beside them, or a process in the parent itself, each is read: an LS that
+    slows down as BE speeds up would hide BE's rise in the sum."""
+    import subprocess
+
+    from sloguard.core.selectors import parse_selector
+
+    group = real_cgroups.create("be")
+    members = [real_cgroups.create(f"be/pod{i}") for i in range(3)]
+    for rel in members:
+        real_cgroups.prioritise(rel)
+    declare = [CgroupDeclaration(path=f"{real_cgroups.prefix}/be/ls*", **{"class": "LS"}),
+               CgroupDeclaration(path=f"{real_cgroups.prefix}/be/*", **{"class": "BE"})]
+    collector = CgroupCollector("node-a", CgroupCollectorConfig(include=[real_cgroups.prefix],
+                                                                declare=declare))
+    read, files = collector._files.read, []
+    collector._files.read = lambda path: files.append(os.path.dirname(path)) or read(path)
+    be = [parse_selector('container_cpu{class="BE"}')]
+
+    def look() -> float:
+        files.clear()
+        return collector.cpu_rise(be)
+
+    _collect_twice(collector, 0.3)
+    assert look() < 0.1
+    assert [f.endswith(f"/{group}") for f in files] == [True]  # the parent's counter alone
+    hog = real_cgroups.spawn(members[1])
+    time.sleep(0.5)
+    assert look() > 0.2  # one BE started: the parent's sum shows it
+    hog.kill()
+    hog.wait()
+    real_cgroups.create("be/ls-beside")  # an LS among them: each BE is read again
+    collector.discover()
+    _collect_twice(collector, 0.3)
+    look()
+    assert sorted(f.rpartition("/")[2] for f in files) == ["pod0", "pod1", "pod2"]
+    for root in real_cgroups.hierarchies():
+        (root / real_cgroups.prefix / "be" / "ls-beside").rmdir()
+    sleeper = subprocess.Popen(["sleep", "60"])  # a process in the parent itself
+    try:
+        real_cgroups.move(sleeper.pid, group)
+        collector.discover()
+        _collect_twice(collector, 0.3)
+        look()
+        assert len(files) == 3
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 def test_container_that_exits_mid_read_is_skipped_and_counted(real_cgroups):
