@@ -119,9 +119,13 @@ def _serve(settings: Any, build: Any, what: str) -> None:
     tls = server_options(settings)
     logging.getLogger(__name__).info("%s on %s://%s:%d", what, "https" if tls else "http",
                                      host, port)
+    # h11, not httptools even where it is installed (uvicorn picks it then): h11 refuses a
+    # request whose headers pass 16 KiB, httptools keeps whatever a client sends, and one
+    # connection's 200 MB of headers grew a uvicorn process by 235 MB
+    # (tests/test_agent_e2e.py; what httptools saves is in docs/performance.md)
     server = _uvicorn_server()(uvicorn.Config(
         create_app(subject), host=host, port=port, log_level=settings.log_level,
-        access_log=False, timeout_graceful_shutdown=10, **tls,
+        access_log=False, timeout_graceful_shutdown=10, http="h11", **tls,
     ))
     server.run()
     if not server.started:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 RULES = """\
 groups:
@@ -210,3 +211,30 @@ def test_broken_rule_file_is_reported_and_previous_rules_stay(tmp_path, sloguard
         assert [i["id"] for i in resolved] == [event["id"]]
     finally:
         agent.terminate()
+
+
+def test_a_client_sending_endless_headers_is_cut_off(tmp_path, sloguard_bin):
+    """The agent's HTTP server bounds a request's headers: uvicorn on h11 answers past 16 KiB
+    and closes. uvicorn's httptools parser, which it picks when installed, keeps whatever a
+    client sends: one connection's 200 MB of headers grew a uvicorn process by 235 MB
+    (sloguard/cli.py pins h11: the agent and the cluster server, `_serve`)."""
+    import psutil
+
+    config = tmp_path / "sloguard.yaml"
+    config.write_text("collectors:\n  cgroups:\n    include: []\n")
+    agent = AgentProcess(sloguard_bin, config, tmp_path / "data", tmp_path / "agent.log")
+    try:
+        before = psutil.Process(agent.proc.pid).memory_info().rss
+        sent = 0
+        with socket.create_connection(("127.0.0.1", agent.port), timeout=10) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            with pytest.raises(OSError):  # the server closed the connection on it
+                for line in range(20_000):  # 20 MB, had it taken them all
+                    sock.sendall(b"X-Pad-%d: %s\r\n" % (line, b"a" * 1000))
+                    sent += 1000
+        assert sent < 5_000_000  # what the socket buffers held before the reset
+        assert psutil.Process(agent.proc.pid).memory_info().rss - before < 20_000_000
+        assert agent.get("/healthz").status_code == 200
+    finally:
+        agent.proc.kill()
+        agent.proc.wait()
