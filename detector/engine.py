@@ -472,8 +472,12 @@ class Engine(AlertLifecycle):
                 if rule.spec.for_evaluations is None or series not in main.inputs:
                     del self._history[(rule.key, series)]
                     counting.discard(series)
-        if rule.key in self.held_back and not open_series and not counting:
-            self._held_on[rule.key] = (rule.spec, self._conditions_given(rule))
+        if rule.key in self.held_back and not open_series and not counting and all(
+                getattr(self.registry.types.get(c.detector), "per_value", False)
+                for _, _, c in rule.spec.conditions):
+            given = self._conditions_given(rule)
+            if given is not None:
+                self._held_on[rule.key] = (rule.spec, given)
         for series in (main.crossed if holds else set()) | open_series | counting:
             verdict = main.verdict(series)
             if jobs[1:]:
@@ -487,19 +491,30 @@ class Engine(AlertLifecycle):
                                                                              *notes])))
             self._step(rule, series, main.inputs[series], verdict, now_ns)
 
-    def _conditions_given(self, rule: LoadedRule) -> tuple[int, ...]:
-        return tuple(self.windows.subscribe(c.selector, c.field, c.window)[0].added
-                     for _, _, c in rule.spec.conditions)
+    def _conditions_given(self, rule: LoadedRule) -> tuple[tuple[Any, int], ...] | None:
+        """Each condition's subscription (compared as the object: one made again starts its
+        count again) and the points it has been given; None when one has none."""
+        given = []
+        for _, _, c in rule.spec.conditions:
+            sub = self.windows.find(c.selector, c.field, c.window)
+            if sub is None:
+                return None
+            given.append((sub, sub.added))
+        return tuple(given)
 
     def _unchanged_since_held(self, rule: LoadedRule) -> bool:
         """The rule was held back by its conditions, and nothing has reached them since: judged
         again on arrival, it would be held back again, at the cost of every condition's
         series (the pushed-to agent's two held-back rules on 100 cgroups: 0.88 ms of the loop
         thread and 0.42 ms of the detector worker an arrival, benchmarks/agent_arrival.py).
+        Only for conditions whose detectors judge each value on their own (per_value): one that
+        learns from each evaluation would judge the same window differently the next time.
         What can change meanwhile waits for the tick, at most one interval, as without
         evaluation on arrival: its own signal falling back under its bar (the rule stays in
-        `held_back` until then), and a condition's samples leaving its window with time. A BE
-        that starts is what arrivals are for: the agent's look at BE's CPU reads the cgroups
+        `held_back` until then, so that LS over its objective again on a later arrival is not
+        a new hold, and gets the look, not a fresh read), and what the window's bounds moving
+        with time changes (a condition's samples leaving it; one stamped ahead entering it). A
+        BE that starts is what arrivals are for: the agent's look at BE's CPU reads the cgroups
         afresh, and that evaluation (`fresh`) judges the rule again."""
         held = self._held_on.get(rule.key)
         return held is not None and held[0] is rule.spec and \

@@ -183,6 +183,10 @@ class RecentWindows:
         self._routes = {}
         return sub, True
 
+    def find(self, selector: Selector, field: str, window_s: float) -> Subscription | None:
+        """The subscription for these parameters, if there is one (none is made)."""
+        return self._subs.get((selector, field, int(window_s * 1e9)))
+
     def retain(self, keep: Iterable[Subscription]) -> None:
         """Forget subscriptions no rule uses any more."""
         wanted = {sub.key for sub in keep}

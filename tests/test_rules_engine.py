@@ -872,6 +872,28 @@ def test_a_held_back_rule_is_judged_on_arrival_again_only_once_its_conditions_ha
     assert status.evaluations == judged + 2 and h.engine.unchanged_on_arrival == 2
 
 
+def test_a_held_back_rule_whose_condition_learns_is_judged_on_every_arrival(tmp_path):
+    """A condition whose detector learns from each evaluation (ewma) judges the same window
+    differently the next time: waiting for new samples would change what it says."""
+    rules = _windowed("max").replace(
+        "            params: {above: 1.5, recover_below: 0.5}",
+        "            detector: ewma\n            params: {warmup: 3, min_std: 1}").replace(
+        "        severity: critical", "        severity: critical\n        on_arrival: true")
+    assert "detector: ewma" in rules
+    h = _Harness(tmp_path, rules)
+    f = _Fresh(h)
+    f.be(T0, 0.0)
+    h.at(0, 30.0)
+    assert h.engine.held_back == {"ls/LSSlow"}
+    judged = h.engine.status["ls/LSSlow"].evaluations
+    for tenth in (3, 6):
+        h.windows.add([Sample("lat", {"node": "node-a", "class": "LS", "pod": "web-1"},
+                              {"p99": 30.0}, T0 + tenth * S // 10)])
+        h.engine.evaluate(T0 + tenth * S // 10, arrived=frozenset({"lat"}))
+    assert h.engine.status["ls/LSSlow"].evaluations == judged + 2
+    assert h.engine.unchanged_on_arrival == 0
+
+
 def test_a_lever_about_to_go_on_asks_the_rules_judged_afresh(tmp_path):
     """Two rules drive the policy; only the one whose firing waited was judged on the fresh
     read (Agent._confirm_firings). Its newest samples say BE stopped: the other rule's cause,
