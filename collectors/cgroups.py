@@ -406,13 +406,16 @@ class CgroupCollector(CollectorBase):
                 tags["qos"] = pod.qos
             if pod.pod_uid:
                 tags["pod_uid"] = pod.pod_uid
-                meta = self.pod_lookup(pod.pod_uid)
+                # a static pod's uid is never the API's (its mirror has its own): not asked
+                meta = None if pod.static else self.pod_lookup(pod.pod_uid)
                 if meta is not None:
                     tags["pod"], tags["namespace"] = meta.name, meta.namespace
                     if pod.container_id in meta.containers:
                         tags["container"] = meta.containers[pod.container_id]
-                tags["class"] = pod_class(meta, pod.qos, self.config.class_label,
-                                          self.config.trusted_namespaces)
+                # a static pod (sloguard/core/pod_cgroups.py) is LS: the node admin's, often
+                # the control plane's, its labels unknown; `declare` may say otherwise
+                tags["class"] = "LS" if pod.static else pod_class(
+                    meta, pod.qos, self.config.class_label, self.config.trusted_namespaces)
             elif pod.level == "qos":
                 tags["class"] = "BE" if pod.qos == "besteffort" else "LS"
             if pod.container_id:
@@ -692,7 +695,8 @@ class CgroupCollector(CollectorBase):
         self._selected = {}  # cpu_rise's cgroups by selectors: tags and cgroups may change
         # pod uids of tracked cgroups without their pod's metadata (_name_late)
         self._unnamed = frozenset(item.tags["pod_uid"] for item in self._tracked.values()
-                                  if "pod_uid" in item.tags and "pod" not in item.tags)
+                                  if "pod_uid" in item.tags and "pod" not in item.tags
+                                  and len(item.tags["pod_uid"]) != 32)  # static: never named
         self._tags_by_path = {rel: item.tags for rel, item in self._tracked.items()}
         self._workloads = tuple(
             {k: v for k, v in item.tags.items() if k != "node"}

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 # A pod's uid is a UUID from the apiserver, or, for a static pod (a manifest the kubelet runs
 # from a file or URL: etcd and the apiserver on a kubeadm control-plane node), the hex of an
 # MD5 the kubelet makes of the manifest, without dashes (applyDefaults, pkg/kubelet/config/
-# common.go). Its mirror pod in the API has a uid of its own, so a static pod is classed by its
-# QoS tier: the mirror's `kubernetes.io/config.mirror` annotation, which would map it, may be set
-# by anyone who can create a pod, and a forged one could label etcd BE.
+# common.go). Its mirror pod in the API has a uid of its own, and the annotation that would tie
+# the two (`kubernetes.io/config.mirror`) may be set by anyone who can create a pod: a forged
+# one could label etcd BE. So a static pod is known by its kind (`static`), not its labels,
+# and the collector protects it as LS, whatever its QoS tier (a node admin placed it there).
 _POD = re.compile(
     r"^(?:kubepods(?:-(?:besteffort|burstable))?-)?pod"
     r"([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12}"
@@ -43,6 +44,7 @@ class PodCgroup:
     qos: str  # guaranteed | burstable | besteffort | "" (root)
     pod_uid: str = ""
     container_id: str = ""
+    static: bool = False  # a static pod's (its uid: 32 hex digits)
 
 
 def parse_pod_cgroup(path: str) -> PodCgroup | None:
@@ -65,7 +67,9 @@ def parse_pod_cgroup(path: str) -> PodCgroup | None:
     if not pod:
         return None
     uid = pod.group(1).replace("_", "-").lower()
+    static = len(uid) == 32
     if len(rest) == 1:
-        return PodCgroup("pod", qos, uid)
+        return PodCgroup("pod", qos, uid, static=static)
     container = _CONTAINER.match(rest[1])
-    return PodCgroup("container", qos, uid, container.group(1) if container else "")
+    return PodCgroup("container", qos, uid, container.group(1) if container else "",
+                     static=static)
