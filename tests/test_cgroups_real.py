@@ -160,8 +160,14 @@ def test_cpu_rise_reads_the_parent_of_all_its_children_and_each_child_otherwise(
                CgroupDeclaration(path=f"{real_cgroups.prefix}/be/*", **{"class": "BE"})]
     collector = CgroupCollector("node-a", CgroupCollectorConfig(include=[real_cgroups.prefix],
                                                                 declare=declare))
-    read, files = collector._files.read, []
-    collector._files.read = lambda path: files.append(os.path.dirname(path)) or read(path)
+    read, files = collector._files.read, []  # the directories whose CPU counter it read
+
+    def counted(path: str) -> bytes | None:
+        if os.path.basename(path) in ("cpuacct.usage", "cpu.stat"):
+            files.append(os.path.dirname(path))
+        return read(path)
+
+    collector._files.read = counted
     be = [parse_selector('container_cpu{class="BE"}')]
 
     def look() -> float:
@@ -177,17 +183,21 @@ def test_cpu_rise_reads_the_parent_of_all_its_children_and_each_child_otherwise(
     hog.kill()
     hog.wait()
     real_cgroups.create("be/ls-beside")  # an LS among them: each BE is read again
+    look()  # at once, before any discovery has tracked it
+    assert sorted(f.rpartition("/")[2] for f in files) == ["pod0", "pod1", "pod2"]
     collector.discover()
     _collect_twice(collector, 0.3)
     look()
     assert sorted(f.rpartition("/")[2] for f in files) == ["pod0", "pod1", "pod2"]
     for root in real_cgroups.hierarchies():
         (root / real_cgroups.prefix / "be" / "ls-beside").rmdir()
+    collector.discover()
+    _collect_twice(collector, 0.3)
+    look()
+    assert len(files) == 1  # the parent alone again
     sleeper = subprocess.Popen(["sleep", "60"])  # a process in the parent itself
     try:
         real_cgroups.move(sleeper.pid, group)
-        collector.discover()
-        _collect_twice(collector, 0.3)
         look()
         assert len(files) == 3
     finally:
