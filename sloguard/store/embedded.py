@@ -122,7 +122,7 @@ class _Catalog:
             self._load(conn)
         finally:
             if own and conn.in_transaction:
-                conn.execute("COMMIT")
+                conn.execute("ROLLBACK")  # it only read: nothing to commit
 
     def _load(self, conn: sqlite3.Connection) -> None:
         known = max(self.series_by_id, default=0)

@@ -169,6 +169,9 @@ class Sweep:
                 # ledger's last write (put_descent) follows the episode's end (a CI run,
                 # 2026-12-07, killed at #76 of 76). A kill all the same: start again, check.
                 result.killed = True
+                if hog is not None and hog.poll() is None:  # the episode never climbed
+                    hog.kill()
+                    hog.wait()
                 agent.http.close()
                 agent = Agent(self.bin, config, here / "data", here / "agent.log", {})
                 if not agent.wait(lambda: _settled(ledger) and not agent.firing(), timeout):
