@@ -656,38 +656,26 @@ class CgroupCollector(CollectorBase):
         ms a look on 90, benchmarks/agent_arrival.py --grouped), no task in it. A cgroup gone
         and another made between two discoveries keeps the count: the newcomer counts in the
         sum until the next discovery (a new BE's start is then seen sooner, not later)."""
-        directory = os.path.dirname(parent.cpu_stat if parent.cpu_usage_v2 else
-                                    parent.cpu_usage or "")
-        try:
-            if os.stat(directory).st_nlink != len(names) + 2:
-                return False
-        except OSError:
-            return False
-        # opened afresh: cgroup v1 serves a held file's list again for a second (its pidlist
-        # cache), and a task moved in meanwhile went unseen
-        for listing in ("tasks", "cgroup.threads", "cgroup.procs"):
-            try:
-                with open(f"{directory}/{listing}", "rb") as tasks:
-                    return not tasks.read(1)
-            except FileNotFoundError:
-                continue
-            except OSError:
-                return False
-        return False
+        return self._only_children(parent, names, listed=False)
 
-    def _only_children(self, parent: _Tracked, names: frozenset[str]) -> bool:
-        """The cgroups under `parent`, in the hierarchy its CPU is read from, are `names`,
-        and no task sits in it directly (cgroup v1 allows one; `tasks` lists threads too,
-        `cgroup.procs` only the leaders)."""
+    def _only_children(self, parent: _Tracked, names: frozenset[str],
+                       listed: bool = True) -> bool:
+        """The cgroups under `parent`, in the hierarchy its CPU is read from, are `names`
+        (`listed`; else as many as them, by the link count), and no task sits in it directly
+        (cgroup v1 allows one; `tasks` lists threads too, `cgroup.procs` only the leaders)."""
         usage = parent.cpu_stat if parent.cpu_usage_v2 else parent.cpu_usage
         if not usage:
             return False
         directory = os.path.dirname(usage)
         try:
-            with os.scandir(directory) as entries:
-                below = {e.name for e in entries if e.is_dir(follow_symlinks=False)}
-            if below != names:
+            if listed:
+                with os.scandir(directory) as entries:
+                    if {e.name for e in entries if e.is_dir(follow_symlinks=False)} != names:
+                        return False
+            elif os.stat(directory).st_nlink != len(names) + 2:
                 return False
+            # opened afresh: cgroup v1 serves a held file's list again for a second (its
+            # pidlist cache), and a task moved in meanwhile went unseen
             for listing in ("tasks", "cgroup.threads", "cgroup.procs"):
                 try:
                     with open(f"{directory}/{listing}", "rb") as tasks:

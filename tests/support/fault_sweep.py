@@ -151,15 +151,20 @@ class Sweep:
                 hog.kill()
                 hog.wait()
                 agent.wait(lambda: _settled(ledger) and not agent.firing(), timeout)
-            if agent.proc.poll() is not None:  # killed: start again, without faults
-                result.killed = agent.proc.returncode == -signal.SIGKILL
-                if hog.poll() is None:
+            def restarted(killed: Agent) -> Agent:
+                """Killed: the agent again, without faults, once the episode has ended."""
+                if hog is not None and hog.poll() is None:
                     hog.kill()
                     hog.wait()
-                agent.http.close()
-                agent = Agent(self.bin, config, here / "data", here / "agent.log", {})
-                if not agent.wait(lambda: _settled(ledger) and not agent.firing(), timeout):
+                killed.http.close()
+                fresh = Agent(self.bin, config, here / "data", here / "agent.log", {})
+                if not fresh.wait(lambda: _settled(ledger) and not fresh.firing(), timeout):
                     result.violations.append("the episode never ended after the restart")
+                return fresh
+
+            if agent.proc.poll() is not None:
+                result.killed = agent.proc.returncode == -signal.SIGKILL
+                agent = restarted(agent)
             elif not climbed:
                 result.violations.append("the policy never reached evict")
             code = agent.terminate()
@@ -169,13 +174,7 @@ class Sweep:
                 # ledger's last write (put_descent) follows the episode's end (a CI run,
                 # 2026-12-07, killed at #76 of 76). A kill all the same: start again, check.
                 result.killed = True
-                if hog is not None and hog.poll() is None:  # the episode never climbed
-                    hog.kill()
-                    hog.wait()
-                agent.http.close()
-                agent = Agent(self.bin, config, here / "data", here / "agent.log", {})
-                if not agent.wait(lambda: _settled(ledger) and not agent.firing(), timeout):
-                    result.violations.append("the episode never ended after the restart")
+                agent = restarted(agent)
                 code = agent.terminate()
             if code != 0:
                 result.violations.append(f"the agent exited {code} on SIGTERM")
