@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from agent_overhead import PUSH_BODY, PUSH_HEADERS, PUSH_TOKEN, BenchCgroups, _yardstick
-from agent_tick import _timed, bench_agent
+from agent_tick import _timed, bench_agent, print_phases
 
 
 def main() -> None:
@@ -102,29 +102,26 @@ def main() -> None:
                     total[1] += time.clock_gettime(worker_clock) - worker_start
                 counting[0] = False
 
-        before = agent.arrival_evaluations, agent.arrival_reads
+        before = (agent.arrival_evaluations, agent.arrival_reads,
+                  agent.engine.unchanged_on_arrival)
         print(f"{args.arrivals} arrivals", file=sys.stderr, flush=True)
         arrivals(args.arrivals, timed_arrival)
         evaluations = agent.arrival_evaluations - before[0]
         reads = agent.arrival_reads - before[1]
+        unchanged = agent.engine.unchanged_on_arrival - before[2]
         worker_cpu = total[1] if worker_clock is not None else None
         yard = _yardstick()
         agent.stop()
     finally:
         cgroups.remove()
         shutil.rmtree(work, ignore_errors=True)
-    per = 1000 * total[0] / args.arrivals
     layout = "BE and LS under a parent each" if args.grouped else "side by side"
     print(f"\n{args.cgroups} cgroups ({layout}), {args.arrivals} arrivals ({evaluations} "
-          f"evaluated, {reads} read the cgroups afresh)\n")
-    print("| phase | loop thread's CPU ms per arrival | share |")
-    print("|---|---|---|")
-    for phase, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
-        ms = 1000 * seconds / args.arrivals
-        print(f"| {phase} | {ms:.3f} | {100 * ms / per:.0f}% |")
-    rest = per - 1000 * sum(spent.values()) / args.arrivals
-    print(f"| the rest (ladder, attribution, bookkeeping) | {rest:.3f} | {100 * rest / per:.0f}% |")
-    print(f"| **arrival** | **{per:.3f}** | |")
+          f"evaluated, {reads} read the cgroups afresh; {unchanged} held-back rules not judged "
+          "again, nothing new for their conditions)\n")
+    print("the loop thread's CPU:\n")
+    per = print_phases({**spent, "**total**": total[0]}, args.arrivals, "arrival",
+                       "the rest (ladder, attribution, bookkeeping)", digits=3)
     if worker_cpu is not None:
         print(f"\nthe detector worker's thread: {1000 * worker_cpu / args.arrivals:.3f} ms "
               "per arrival")

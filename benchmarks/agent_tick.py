@@ -55,6 +55,23 @@ def _timed(spent: dict[str, float], phase: str, fn: Callable[..., Any],
     return wrapper
 
 
+def print_phases(phases: dict[str, float], count: int, unit: str, rest: str,
+                 digits: int = 2) -> float:
+    """The table of CPU ms per `unit`: `phases` are seconds over `count` units, the whole
+    under the key "**total**"; what no phase covers is printed as `rest`. Returns ms per
+    unit."""
+    per = 1000 * phases.pop("**total**") / count
+    print(f"| phase | CPU ms per {unit} | share |")
+    print("|---|---|---|")
+    for phase, seconds in sorted(phases.items(), key=lambda kv: -kv[1]):
+        ms = 1000 * seconds / count
+        print(f"| {phase} | {ms:.{digits}f} | {100 * ms / per:.0f}% |")
+    left = per - 1000 * sum(phases.values()) / count
+    print(f"| {rest} | {left:.{digits}f} | {100 * left / per:.0f}% |")
+    print(f"| **{unit}** | **{per:.{digits}f}** | |")
+    return per
+
+
 def bench_agent(work: Path, cgroups: BenchCgroups, extra: str = "") -> Agent:
     """The agent of agent_overhead.py on `cgroups` (one LS in ten, the rest BE, the shipped
     rules and policies, the embedded store in `work`), built in this process, its collectors
@@ -139,16 +156,9 @@ def main() -> None:
     finally:
         cgroups.remove()
         shutil.rmtree(work, ignore_errors=True)
-    per_tick = 1000 * total / args.ticks
     print(f"\n{args.cgroups} cgroups, {args.ticks} ticks on a simulated 1 s clock\n")
-    print("| phase | CPU ms per tick | share |")
-    print("|---|---|---|")
-    for phase, seconds in sorted(phases.items(), key=lambda kv: -kv[1]):
-        ms = 1000 * seconds / args.ticks
-        print(f"| {phase} | {ms:.2f} | {100 * ms / per_tick:.0f}% |")
-    rest = per_tick - 1000 * sum(phases.values()) / args.ticks
-    print(f"| the rest of the tick | {rest:.2f} | {100 * rest / per_tick:.0f}% |")
-    print(f"| **tick** | **{per_tick:.2f}** | |")
+    per_tick = print_phases({**phases, "**total**": total}, args.ticks, "tick",
+                            "the rest of the tick")
     print(f"\ntick / yardstick ({1000 * yard:.1f} ms): {per_tick / 1000 / yard:.3f}")
     every = STANDING_CHECK_NS / 1e9
     print(f"a standing lever's full check, every {every:g} s: {1000 * full_check:.2f} ms "

@@ -26,7 +26,7 @@ from sloguard.collectors.config import CgroupCollectorConfig
 from sloguard.collectors.hookspecs import hookimpl
 from sloguard.core.cgroup_layout import CgroupLayout, detect_layout, layout_from_root
 from sloguard.core.health import ComponentStatus
-from sloguard.core.pod_cgroups import parse_pod_cgroup
+from sloguard.core.pod_cgroups import parse_pod_cgroup, static_pod_uid
 from sloguard.core.pods import PodMeta, pod_class
 from sloguard.core.samples import Sample
 from sloguard.core.selectors import Selector
@@ -214,6 +214,11 @@ class _Tracked:
                 *self.psi.values(), *self.cpu_limit, self.mem_limit]
 
 
+# what cpu_rise reads for a group of selected cgroups with one parent: that parent (None where
+# it cannot stand for them), their names under it, the cgroups themselves (_probes)
+_Probe = tuple[_Tracked | None, frozenset[str], list[_Tracked]]
+
+
 class CgroupCollector(CollectorBase):
     name = "cgroups"
     # what `collect` writes: a read that has no sample of one of these for a series means the
@@ -241,8 +246,7 @@ class CgroupCollector(CollectorBase):
         self.layout: CgroupLayout | None = None
         self._error = ""
         self._tracked: dict[str, _Tracked] = {}
-        # cpu_rise: what it reads for a tuple of selectors (_probes)
-        self._selected: dict[tuple[Selector, ...], list[Any]] = {}
+        self._selected: dict[tuple[Selector, ...], list[_Probe]] = {}  # cpu_rise
         self._unnamed: frozenset[str] = frozenset()  # _publish
         self._next_discovery = 0.0
         self.vanished_total = 0
@@ -609,7 +613,7 @@ class CgroupCollector(CollectorBase):
         for parent, names, children in selected:
             # whole at discovery, and still: a cgroup made since, or a task moved into the
             # parent, would count in its sum (a stat and a read at each look)
-            whole = parent is not None and self._still_only(parent, names)
+            whole = parent is not None and self._only_children(parent, names, listed=False)
             for item in (parent,) if whole else children:
                 before, elapsed = item.prev.get("usage_ns"), (mono - item.prev_mono) / 1e9
                 if before is None or elapsed <= 0:
@@ -625,8 +629,7 @@ class CgroupCollector(CollectorBase):
                     rise = max(rise, (usage_ns - before) / 1e9 / elapsed - item.cores)
         return rise
 
-    def _probes(self, rels: list[str]
-                ) -> list[tuple[_Tracked | None, frozenset[str], list[_Tracked]]]:
+    def _probes(self, rels: list[str]) -> list[_Probe]:
         """The cgroups whose counters `cpu_rise` reads for the selected `rels`: a tracked
         parent in place of its children where they are all of its children and it runs nothing
         of its own (the kubelet's besteffort QoS cgroup on a node whose BE pods are its
@@ -636,12 +639,11 @@ class CgroupCollector(CollectorBase):
         (benchmarks/agent_arrival.py --grouped against the default layout). What the
         sum cannot show is one BE starting as much as another stops at the same moment: that
         start is seen at the next tick, as without evaluation on arrival. Decided once per
-        discovery, and checked again at each look: (parent, its children's names, the
-        children), the parent None where it cannot stand for them."""
+        discovery, and checked again at each look."""
         by_parent: dict[str, list[str]] = {}
         for rel in rels:
             by_parent.setdefault(rel.rpartition("/")[0], []).append(rel)
-        probes: list[tuple[_Tracked | None, frozenset[str], list[_Tracked]]] = []
+        probes: list[_Probe] = []
         for parent, children in by_parent.items():
             names = frozenset(rel.rpartition("/")[2] for rel in children)
             whole = self._tracked.get(parent) if parent and len(children) > 1 else None
@@ -650,19 +652,15 @@ class CgroupCollector(CollectorBase):
             probes.append((whole, names, [self._tracked[rel] for rel in children]))
         return probes
 
-    def _still_only(self, parent: _Tracked, names: frozenset[str]) -> bool:
-        """_only_children, as cheaply as a look allows: as many cgroups under the parent (a
-        kernfs directory's link count is two plus its subdirectories; listing them cost 0.25
-        ms a look on 90, benchmarks/agent_arrival.py --grouped), no task in it. A cgroup gone
-        and another made between two discoveries keeps the count: the newcomer counts in the
-        sum until the next discovery (a new BE's start is then seen sooner, not later)."""
-        return self._only_children(parent, names, listed=False)
-
     def _only_children(self, parent: _Tracked, names: frozenset[str],
                        listed: bool = True) -> bool:
-        """The cgroups under `parent`, in the hierarchy its CPU is read from, are `names`
-        (`listed`; else as many as them, by the link count), and no task sits in it directly
-        (cgroup v1 allows one; `tasks` lists threads too, `cgroup.procs` only the leaders)."""
+        """The cgroups under `parent`, in the hierarchy its CPU is read from, are `names`, and
+        no task sits in it directly (cgroup v1 allows one; `tasks` lists threads too,
+        `cgroup.procs` only the leaders). `listed` at discovery; at each look, as many
+        cgroups as `names` by the link count (a kernfs directory's is two plus its
+        subdirectories): listing them cost 0.25 ms a look on 90 (benchmarks/agent_arrival.py
+        --grouped). A cgroup gone and another made between two discoveries keeps the count:
+        the newcomer counts in the sum until the next discovery."""
         usage = parent.cpu_stat if parent.cpu_usage_v2 else parent.cpu_usage
         if not usage:
             return False
@@ -723,7 +721,7 @@ class CgroupCollector(CollectorBase):
         # pod uids of tracked cgroups without their pod's metadata (_name_late)
         self._unnamed = frozenset(item.tags["pod_uid"] for item in self._tracked.values()
                                   if "pod_uid" in item.tags and "pod" not in item.tags
-                                  and len(item.tags["pod_uid"]) != 32)  # static: never named
+                                  and not static_pod_uid(item.tags["pod_uid"]))  # never named
         self._tags_by_path = {rel: item.tags for rel, item in self._tracked.items()}
         self._workloads = tuple(
             {k: v for k, v in item.tags.items() if k != "node"}

@@ -107,8 +107,8 @@ class Engine(AlertLifecycle):
     # held-back rule key -> (its spec, what its conditions' subscriptions had been given when
     # it was held back), for a rule with no open alert and no evaluations counted: on arrival
     # it is not judged again until one of them is given more (_unchanged_since_held)
-    _held_on: dict[str, tuple[Any, tuple[int, ...]]] = field(default_factory=dict)
-    unchanged_on_arrival: int = 0  # evaluations on arrival skipped so (benchmarks, tests)
+    _held_on: dict[str, tuple[Any, tuple[tuple[Any, int], ...]]] = field(default_factory=dict)
+    unchanged_on_arrival: int = 0  # rules not judged again so (agent_arrival.py, tests)
     # A new firing of a rule with `and:` conditions waits for those conditions judged on
     # samples collected after the evaluation that would fire it (Agent._confirm_firings): the
     # tick's BE sample covers the second before it, and one that spans an antagonist's end

@@ -47,6 +47,11 @@ class PodCgroup:
     static: bool = False  # a static pod's (its uid: 32 hex digits)
 
 
+def static_pod_uid(uid: str) -> bool:
+    """A static pod's uid (the kubelet's, 32 hex digits), not the apiserver's UUID."""
+    return len(uid) == 32
+
+
 def parse_pod_cgroup(path: str) -> PodCgroup | None:
     """Classify a cgroup path (relative to its hierarchy root); None if it is not a pod's."""
     parts = [p for p in path.split("/") if p]
@@ -67,7 +72,7 @@ def parse_pod_cgroup(path: str) -> PodCgroup | None:
     if not pod:
         return None
     uid = pod.group(1).replace("_", "-").lower()
-    static = len(uid) == 32
+    static = static_pod_uid(uid)
     if len(rest) == 1:
         return PodCgroup("pod", qos, uid, static=static)
     container = _CONTAINER.match(rest[1])
