@@ -281,3 +281,31 @@ def test_a_repeat_the_agent_died_in_is_adopted_with_the_value_it_wrote_and_the_o
     assert by_file == {"/a/memory.high": ("max", "800"), "/b/memory.high": ("max", "2000"),
                        "/c/memory.high": ("4000", "900")}
     assert merged["enabled"] == ["/p/cgroup.subtree_control", "/q/cgroup.subtree_control"]
+
+
+def test_an_agent_that_lost_its_port_is_started_on_another(tmp_path, sloguard_bin,
+                                                            monkeypatch):
+    """The sweep's harness: the port _free_port found can be taken before the agent binds it
+    (a CI run lost a restarted agent so, and the run's checks all failed); the agent is then
+    started again on another port."""
+    import socket
+
+    import support.fault_sweep as fault_sweep
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = iter([taken.getsockname()[1], fault_sweep._free_port()])
+    monkeypatch.setattr(fault_sweep, "_free_port", lambda: next(ports))
+    config = tmp_path / "sloguard.yaml"
+    config.write_text("collectors:\n  cgroups:\n    include: []\n")
+    agent = fault_sweep.Agent(sloguard_bin, config, tmp_path / "data", tmp_path / "agent.log",
+                              {})
+    try:
+        assert agent.up(30)
+        assert agent.port != taken.getsockname()[1]
+        assert b"address already in use" in (tmp_path / "agent.log").read_bytes()
+    finally:
+        agent.proc.kill()
+        agent.proc.wait()
+        taken.close()

@@ -63,7 +63,7 @@ def test_ticks_keep_their_interval_while_every_api_call_takes_5s(
     agent = Agent(sloguard_bin, path, here / "data", here / "agent.log", {})
     core = client.CoreV1Api(kube.api_client())
     try:
-        assert agent.wait(agent.healthy, 30)
+        assert agent.up(30)
         hog = real_cgroups.spawn(ls)
         assert agent.wait(lambda: agent.firing(), 30), "never fired"
         idle = sweep.cpu_root / be / "cpu.idle"

@@ -144,7 +144,7 @@ class Sweep:
             ledger = here / "data" / "actuators.db"
             # the load only once the agent is up: a busy loop started beside a Python process
             # that is still importing starves it on a loaded two-core machine
-            agent.wait(agent.healthy, timeout)
+            agent.up(timeout)
             hog = self.cgroups.spawn(ls)
             climbed = agent.wait(lambda: _audit_has(ledger, "evict", "apply", "done"), timeout)
             if climbed:
@@ -158,6 +158,7 @@ class Sweep:
                     hog.wait()
                 killed.http.close()
                 fresh = Agent(self.bin, config, here / "data", here / "agent.log", {})
+                fresh.up(timeout)
                 if not fresh.wait(lambda: _settled(ledger) and not fresh.firing(), timeout):
                     result.violations.append("the episode never ended after the restart")
                 return fresh
@@ -338,18 +339,42 @@ class Agent:
 
     def __init__(self, binary: str, config: Path, data: Path, log: Path,
                  env: dict[str, str]) -> None:
+        self.command = [binary, "run", "-c", str(config), "--data-dir", str(data)]
+        self.env = {**os.environ, **env}
+        self.log = log
+        self._launch()
+
+    def _launch(self) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # one client for the run's polls: httpx.get() makes a client, and with it a TLS
         # context, per call, 57 ms of CPU against 2.5 ms on a kept client (measured here,
         # 2026-12-03); at ten polls a second, three runs side by side, that was most of a core
         self.http = httpx.Client(base_url=self.url, timeout=5)
-        self.log = log
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [binary, "run", "-c", str(config), "--data-dir", str(data),
-                 "--listen", f"127.0.0.1:{self.port}"],
-                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
+        self.log_from = self.log.stat().st_size if self.log.exists() else 0
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([*self.command, "--listen", f"127.0.0.1:{self.port}"],
+                                         stdout=out, stderr=subprocess.STDOUT, env=self.env)
+
+    def up(self, timeout: float) -> bool:
+        """Healthy within `timeout`. The port _free_port found free can be taken before the
+        agent binds it (runs side by side open connections from the same ephemeral range:
+        a CI run, 2026-12-08, lost one restarted agent so, exit 3): such an agent is started
+        again on another port, its write points of the attempt forgotten."""
+        for _ in range(3):
+            if self.wait(self.healthy, timeout):
+                return True
+            with open(self.log, "rb") as log:
+                log.seek(self.log_from)
+                lost_port = b"address already in use" in log.read()
+            if self.proc.poll() is None or not lost_port:
+                return False
+            self.http.close()
+            points = self.env.get("SLOGUARD_FAILPOINT_LOG")
+            if points and os.path.exists(points):
+                os.truncate(points, 0)
+            self._launch()
+        return False
 
     def wait(self, check: Callable[[], bool], timeout: float) -> bool:
         """True once `check` holds; False when the process died first or time ran out."""
